@@ -1,0 +1,26 @@
+// Shared pieces of the pybind11 module: descriptors from Python tuples and status -> exception.
+// Plain C++ over the C API: no CUDA/HIP, torch or JAX headers, so one binary serves any torch.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "transformer_engine/transformer_engine.h"
+
+namespace te_py {
+
+namespace py = pybind11;
+
+// Python describes a tensor as (data_ptr, shape, dtype, amax_ptr, scale_ptr, scale_inv_ptr);
+// the three trailing pointers are 0 when unused.
+NVTETensor tensor_from_tuple(const py::tuple& t);
+
+// Raises ValueError / NotImplementedError / RuntimeError carrying the core's message.
+void check_status(NVTEStatus status);
+
+inline NVTEStream stream_from_int(uintptr_t s) { return reinterpret_cast<NVTEStream>(s); }
+
+void register_device(py::module_& m);
+void register_cast(py::module_& m);
+void register_recipe(py::module_& m);
+
+}  // namespace te_py

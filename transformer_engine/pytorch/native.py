@@ -1,0 +1,88 @@
+"""The thin bridge from torch tensors to the native C API: dtype codes, descriptors, stream,
+and the per-device capability (FP8 flavour) as torch sees it."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..common import capabilities, fp8_formats
+from ..common.native import build_backend, native_module
+
+DTYPE_CODE = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e4m3fnuz: 3,
+    torch.float8_e5m2: 4,
+    torch.float8_e5m2fnuz: 4,
+    torch.int32: 5,
+    torch.int64: 6,
+    torch.uint8: 7,
+    torch.int8: 7,
+    torch.bool: 7,
+}
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _torch_backend() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return "rocm" if torch.version.hip else "cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def native_for_torch():
+    """The native module when it was built for the vendor this torch runs on, else None."""
+    mod = native_module()
+    if mod is None or build_backend() != _torch_backend():
+        return None
+    return mod
+
+
+def use_native(t: torch.Tensor) -> bool:
+    return t.is_cuda and native_for_torch() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(index: int) -> capabilities.Capability:
+    props = torch.cuda.get_device_properties(index)
+    arch = getattr(props, "gcnArchName", None) if torch.version.hip else f"sm_{props.major}{props.minor}"
+    backend = "rocm" if torch.version.hip else "cuda"
+    if native_for_torch() is None:
+        backend = "reference"
+    return capabilities.capability_for(backend, arch, props.name)
+
+
+def capability(device: torch.device | str | int | None = None) -> capabilities.Capability:
+    """Capability of a torch device (the current CUDA device by default; CPU: reference)."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if device.type != "cuda":
+        return capabilities.reference_capability(f"{device.type} tensors")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return device_capability(index)
+
+
+def fp8_dtype(fmt: str, device=None) -> torch.dtype:
+    """torch FP8 dtype of a format ('e4m3'/'e5m2') on a device, following its flavour."""
+    cap = capability(device)
+    if cap.fp8_flavor is None:
+        raise NotImplementedError(f"FP8 is not available on {cap.device or cap.arch}: {cap.reason}")
+    return getattr(torch, fp8_formats.fp8_dtype_name(fmt, cap.fp8_flavor))
+
+
+def describe(t: torch.Tensor | None, amax=None, scale=None, scale_inv=None, shape=None) -> tuple:
+    """Descriptor tuple for the bindings: (ptr, shape, dtype, amax_ptr, scale_ptr, scale_inv_ptr)."""
+    return (t.data_ptr(), tuple(t.shape) if shape is None else tuple(shape), DTYPE_CODE[t.dtype],
+            amax.data_ptr() if amax is not None else 0,
+            scale.data_ptr() if scale is not None else 0,
+            scale_inv.data_ptr() if scale_inv is not None else 0)
+
+
+def stream_of(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream

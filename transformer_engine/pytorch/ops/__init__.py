@@ -1,0 +1,5 @@
+"""Functional ops: native kernels on a supported GPU, plain-torch references elsewhere."""
+from .cast import (  # noqa: F401
+    cast_transpose, compute_amax, dequantize, dequantize_reference, quantize, quantize_reference,
+    transpose)
+from .scaling import delayed_scaling_update, delayed_scaling_update_reference  # noqa: F401

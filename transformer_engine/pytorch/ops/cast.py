@@ -1,0 +1,154 @@
+"""FP8 casts with per-tensor scaling: quantize, dequantize, amax, transpose, cast+transpose.
+
+Each op runs the native kernel for CUDA/ROCm tensors when the native core is built for this
+torch, and its reference (plain torch, defined next to it) otherwise. Both compute the same bits:
+  quantize(x) = saturate(x.float() * scale) rounded to nearest even in fp8_dtype,
+  scale_inv = 1 / scale, amax = max(amax, max|x|)  (NaN in x gives a NaN amax).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from ...common import fp8_formats
+from .. import native
+from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
+
+
+def fp8_max_of(fp8_dtype: torch.dtype) -> float:
+    fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
+    return fp8_formats.fp8_max(fmt, flavor)
+
+
+# ----- references ----------------------------------------------------------------------------
+
+def quantize_reference(x, scale, fp8_dtype):
+    """(data, scale_inv, amax) computed with plain torch ops."""
+    limit = fp8_max_of(fp8_dtype)
+    data = (x.float() * scale).clamp(-limit, limit).to(fp8_dtype)
+    amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
+    return data, (1.0 / scale).reshape(1), amax.reshape(1)
+
+
+def dequantize_reference(data, scale_inv, out_dtype):
+    return (data.float() * scale_inv).to(out_dtype)
+
+
+# ----- ops -----------------------------------------------------------------------------------
+
+def _prepare(op, x, scale, fp8_dtype, amax, scale_inv):
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    check_scalar_fp32(op, "scale", scale, x.device)
+    check_fp8_dtype(op, fp8_dtype, x.device)
+    if amax is not None:
+        check_scalar_fp32(op, "amax", amax, x.device)
+    if scale_inv is None:
+        scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+    else:
+        check_scalar_fp32(op, "scale_inv", scale_inv, x.device)
+    return scale_inv
+
+
+def _merge_reference_meta(ref_scale_inv, ref_amax, amax, scale_inv):
+    scale_inv.copy_(ref_scale_inv.reshape(scale_inv.shape))
+    if amax is not None:
+        amax.copy_(torch.maximum(amax.reshape(1), ref_amax).reshape(amax.shape)
+                   if not torch.isnan(ref_amax).any() else ref_amax.reshape(amax.shape))
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype,
+             amax: Optional[torch.Tensor] = None, scale_inv: Optional[torch.Tensor] = None,
+             out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Casts x to fp8_dtype with `scale` (one fp32 value on x's device).
+
+    Returns (data, scale_inv). `amax`, if given, is updated in place with max|x|; `scale_inv`, if
+    given, is written in place; `out` receives the data when given (same shape, fp8_dtype).
+    """
+    op = "quantize"
+    scale_inv = _prepare(op, x, scale, fp8_dtype, amax, scale_inv)
+    if out is None:
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    else:
+        check_tensor(op, "out", out, (fp8_dtype,))
+        if out.shape != x.shape:
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}; expected {tuple(x.shape)}")
+    if native.use_native(x):
+        native.native_for_torch().quantize(
+            native.describe(x), native.describe(out, amax, scale, scale_inv), native.stream_of(x))
+        return out, scale_inv
+    data, ref_scale_inv, ref_amax = quantize_reference(x, scale, fp8_dtype)
+    out.copy_(data)
+    _merge_reference_meta(ref_scale_inv, ref_amax, amax, scale_inv)
+    return out, scale_inv
+
+
+def dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
+               out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float(data) * scale_inv, returned in out_dtype (float32, float16 or bfloat16)."""
+    op = "dequantize"
+    check_tensor(op, "data", data, native.FP8_DTYPES)
+    check_scalar_fp32(op, "scale_inv", scale_inv, data.device)
+    if out_dtype not in native.HP_DTYPES:
+        raise ValueError(f"{op}: out_dtype is {out_dtype}; expected float32, float16 or bfloat16")
+    if native.use_native(data):
+        out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
+        native.native_for_torch().dequantize(
+            native.describe(data, scale_inv=scale_inv), native.describe(out), native.stream_of(data))
+        return out
+    return dequantize_reference(data, scale_inv, out_dtype)
+
+
+def compute_amax(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """amax <- max(amax, max|x|), in place; returns amax."""
+    op = "compute_amax"
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    check_scalar_fp32(op, "amax", amax, x.device)
+    if native.use_native(x):
+        native.native_for_torch().compute_amax(native.describe(x), amax.data_ptr(), native.stream_of(x))
+        return amax
+    if x.numel():
+        cur = x.abs().amax().float().reshape(amax.shape)
+        amax.copy_(cur if torch.isnan(cur).any() else torch.maximum(amax, cur))
+    return amax
+
+
+def _as_2d_shape(x: torch.Tensor) -> Tuple[int, int]:
+    if x.dim() == 0:
+        return 1, 1
+    return math.prod(x.shape[:-1]), x.shape[-1]
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """Row-major transpose of x viewed as [prod(shape[:-1]), shape[-1]] (1, 2 or 4-byte dtypes)."""
+    op = "transpose"
+    check_tensor(op, "x", x)
+    rows, cols = _as_2d_shape(x)
+    if native.use_native(x) and x.element_size() in (1, 2, 4):
+        out = torch.empty((cols, rows), dtype=x.dtype, device=x.device)
+        native.native_for_torch().transpose(native.describe(x), native.describe(out), native.stream_of(x))
+        return out
+    return x.reshape(rows, cols).t().contiguous()
+
+
+def cast_transpose(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype,
+                   amax: Optional[torch.Tensor] = None, scale_inv: Optional[torch.Tensor] = None
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, data_t, scale_inv): x quantized as in `quantize`, plus the quantized transpose of x
+    viewed as 2-D ([cols, rows]), made in one pass over x."""
+    op = "cast_transpose"
+    scale_inv = _prepare(op, x, scale, fp8_dtype, amax, scale_inv)
+    rows, cols = _as_2d_shape(x)
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    out_t = torch.empty((cols, rows), dtype=fp8_dtype, device=x.device)
+    if native.use_native(x):
+        native.native_for_torch().cast_transpose(
+            native.describe(x), native.describe(out, amax, scale, scale_inv), native.describe(out_t),
+            native.stream_of(x))
+        return out, out_t, scale_inv
+    data, ref_scale_inv, ref_amax = quantize_reference(x, scale, fp8_dtype)
+    out.copy_(data)
+    out_t.copy_(data.reshape(rows, cols).t())
+    _merge_reference_meta(ref_scale_inv, ref_amax, amax, scale_inv)
+    return out, out_t, scale_inv

@@ -1,0 +1,80 @@
+"""Delayed-scaling update of many tensors at once (see csrc/.../recipe.h for the formula).
+
+A group is (amax_history [L, n], scale [n], scale_inv [n], fp8_max): the tensors of one FP8 format
+of one module. All groups on the GPU are updated in one native launch (per 64 groups); the
+reference does the same maths with torch ops.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple, Union
+
+import torch
+
+from .. import native
+from ._checks import check_tensor
+
+ScalingGroup = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
+_ALGO_CODE = {"max": 0, "most_recent": 1}
+
+
+def delayed_scaling_update_reference(history, scale, scale_inv, fp8_max, algo="max", margin=0.0):
+    """In place, like the kernel. `algo` may also be a callable [L, n] history -> [n] amax."""
+    if callable(algo):
+        amax = algo(history).float()
+    elif algo == "most_recent":
+        amax = history[0].clone()
+    else:
+        amax = history.amax(dim=0) if not torch.isnan(history).any() else _nan_max(history)
+    rolled = torch.roll(history, -1, dims=0)
+    rolled[0].zero_()
+    history.copy_(rolled)
+    candidate = (fp8_max / amax) / (2.0 ** margin)
+    ok = (amax > 0) & torch.isfinite(amax) & torch.isfinite(candidate)
+    scale.copy_(torch.where(ok, candidate, scale))
+    scale_inv.copy_(1.0 / scale)
+
+
+def _nan_max(history):
+    nan = torch.isnan(history).any(dim=0)
+    return torch.where(nan, torch.full_like(history[0], float("nan")),
+                       torch.nan_to_num(history, nan=0.0).amax(dim=0))
+
+
+def _check_group(op, i, group):
+    history, scale, scale_inv, fp8_max = group
+    for name, t in (("amax_history", history), ("scale", scale), ("scale_inv", scale_inv)):
+        check_tensor(op, f"groups[{i}].{name}", t, (torch.float32,))
+    if history.dim() != 2:
+        raise ValueError(f"{op}: groups[{i}].amax_history has shape {tuple(history.shape)}; expected [L, n]")
+    n = history.shape[1]
+    for name, t in (("scale", scale), ("scale_inv", scale_inv)):
+        if t.numel() != n or t.device != history.device:
+            raise ValueError(f"{op}: groups[{i}].{name} has shape {tuple(t.shape)} on {t.device}; "
+                             f"expected {n} values on {history.device}")
+    if not (fp8_max > 0 and fp8_max < float("inf")):
+        raise ValueError(f"{op}: groups[{i}] fp8_max is {fp8_max}; expected a positive finite number")
+
+
+def delayed_scaling_update(groups: Sequence[ScalingGroup], algo: Union[str, Callable] = "max",
+                           margin: float = 0.0) -> None:
+    """Rolls each amax history, recomputes scale and scale_inv, all in place and on the device."""
+    op = "delayed_scaling_update"
+    if not callable(algo) and algo not in _ALGO_CODE:
+        raise ValueError(f"{op}: algo is {algo!r}; expected 'max', 'most_recent' or a callable")
+    for i, g in enumerate(groups):
+        _check_group(op, i, g)
+    fast = [g for g in groups if native.use_native(g[0])] if not callable(algo) else []
+    if fast:
+        by_device = {}
+        for g in fast:
+            by_device.setdefault(g[0].device, []).append(g)
+        for device, gs in by_device.items():
+            desc = [(h.data_ptr(), s.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
+                    for h, s, si, m in gs]
+            with torch.cuda.device(device):
+                native.native_for_torch().delayed_scaling_update(
+                    desc, _ALGO_CODE[algo], float(margin), torch.cuda.current_stream(device).cuda_stream)
+    fast_ids = {id(g) for g in fast}
+    for g in groups:
+        if id(g) not in fast_ids:
+            delayed_scaling_update_reference(g[0], g[1], g[2], g[3], algo, margin)
