@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one GPU verification script (run on the lent H100/H200 through the device tool):
+# builds from a clean tree, runs the Python suites on the GPU, the C API tests, and the
+# benchmarks, and prints a short summary last. Results land in $OUT.
+#
+#   bash .ci/gpu_verify.sh                       everything
+#   PYTEST_ARGS="tests/pytorch/test_quantize.py" BENCHES="benchmarks/bench_quantize.py" bash .ci/gpu_verify.sh
+#   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/te_gpu_out}
+mkdir -p "$OUT"
+export NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90a}
+export PYTHONUNBUFFERED=1
+summary=()
+step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; summary+=("$(printf '%-10s rc=%d %4ds' "$name" "$rc" $((SECONDS - t0)))"); return $rc; }
+
+rm -rf build transformer_engine/*.so
+if [ "${SKIP_PIP:-0}" = 1 ]; then
+  step build python3 -m build_tools.native_build --build-dir build/native --out transformer_engine > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
+  export PYTHONPATH=$PWD
+else
+  step pip python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
+  # run the installed package, not the source tree
+  cd /tmp && python3 -m transformer_engine info | tee "$OUT/info.txt"; cd - > /dev/null
+fi
+python3 -m transformer_engine info | tee "$OUT/info.txt"
+
+TE_LIB_DIR=$(python3 -c "import os, transformer_engine as t; print(os.path.dirname(t.__file__))")
+pytest_target=${PYTEST_ARGS:-tests}
+step pytest python3 -m pytest -q -rs -p no:cacheprovider $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
+
+if [ "${SKIP_CPP:-0}" != 1 ]; then
+  step cpp-build bash -c "cmake -S tests/cpp -B build/cpp -GNinja -DTE_LIB_DIR=$TE_LIB_DIR -DCMAKE_CUDA_ARCHITECTURES=${NVTE_CUDA_ARCHS} > $OUT/cpp.log 2>&1 && cmake --build build/cpp >> $OUT/cpp.log 2>&1" || tail -30 "$OUT/cpp.log"
+  step cpp-test ./build/cpp/te_cpp_tests ${CPP_FILTER:-} 2>&1 | tee "$OUT/cpp_tests.log" | tail -15
+fi
+
+for bench in ${BENCHES:-benchmarks/bench_*.py}; do
+  [ -f "$bench" ] || continue
+  name=$(basename "$bench" .py)
+  step "$name" python3 "$bench" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -30
+done
+
+echo "==================== summary ===================="
+head -4 "$OUT/info.txt"
+grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1
+[ -f "$OUT/cpp_tests.log" ] && tail -1 "$OUT/cpp_tests.log"
+printf '%s\n' "${summary[@]}"
