@@ -1,0 +1,78 @@
+"""Shared benchmark machinery: event timing (median of many runs, inputs rotated so repeated
+runs do not measure the cache), the device's measured copy bandwidth, and JSON results."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+
+import torch
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    return ap.parse_args()
+
+
+def time_ms(fn, warmup: int = 5, reps: int = 30) -> float:
+    """Median milliseconds of fn() on the current stream, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rotating(make, count: int = 3):
+    """count independent input sets (make(i) -> args) and a picker cycling through them, so
+    consecutive timed runs do not find their inputs in L2."""
+    sets = [make(i) for i in range(count)]
+    state = {"i": 0}
+
+    def next_args():
+        state["i"] = (state["i"] + 1) % count
+        return sets[state["i"]]
+    return next_args
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=3, reps=20)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def device_record() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {"device": props.name, "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__, "sms": props.multi_processor_count}
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(payload, fh, indent=1)
+
+
+def print_table(rows: list, columns: list) -> None:
+    widths = [max(len(str(c)), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return "" if v is None else str(v)

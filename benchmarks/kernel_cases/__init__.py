@@ -1,0 +1,1 @@
+"""One module per kernel family; each exposes CASES (see bench_kernels.py)."""
