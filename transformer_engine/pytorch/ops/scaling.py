@@ -28,7 +28,8 @@ def delayed_scaling_update_reference(history, scale, scale_inv, fp8_max, algo="m
     rolled = torch.roll(history, -1, dims=0)
     rolled[0].zero_()
     history.copy_(rolled)
-    candidate = (fp8_max / amax) / (2.0 ** margin)
+    # torch evaluates `scalar / tensor` as reciprocal * scalar (an ulp off); divide tensors.
+    candidate = (torch.full_like(amax, fp8_max) / amax) / (2.0 ** margin)
     ok = (amax > 0) & torch.isfinite(amax) & torch.isfinite(candidate)
     scale.copy_(torch.where(ok, candidate, scale))
     scale_inv.copy_(1.0 / scale)

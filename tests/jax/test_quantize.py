@@ -1,0 +1,57 @@
+"""The jnp twins of the cast and scaling ops: bit for bit against the torch references (the
+oracle of the native kernels) and against the Python model of the recipe maths."""
+import math
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+torch = pytest.importorskip("torch")
+
+from transformer_engine.jax import ops as jops  # noqa: E402
+from transformer_engine.pytorch import ops as tops  # noqa: E402
+
+FLAVORS = [("e4m3", "ocp", torch.float8_e4m3fn), ("e5m2", "ocp", torch.float8_e5m2),
+           ("e4m3", "fnuz", torch.float8_e4m3fnuz), ("e5m2", "fnuz", torch.float8_e5m2fnuz)]
+
+
+@pytest.mark.parametrize("fmt,flavor,torch_dtype", FLAVORS)
+@pytest.mark.parametrize("shape", [(37, 23), (0, 16), (4, 8, 32)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_quantize_matches_torch_reference(fmt, flavor, torch_dtype, shape, dtype):
+    rng = np.random.default_rng(abs(hash((shape, dtype, fmt))) % 2**32)
+    x32 = (rng.standard_normal(shape) * 50).astype(np.float32)
+    xt = torch.from_numpy(x32).to(getattr(torch, dtype))
+    xj = jnp.asarray(x32).astype(getattr(jnp, dtype))
+    scale = 1.75
+    data, scale_inv, amax = jops.quantize(xj, scale, jops.fp8_dtype(fmt, flavor))
+    ref, ref_si, ref_amax = tops.quantize_reference(xt, torch.tensor([scale]), torch_dtype)
+    assert np.array_equal(np.asarray(data).view(np.uint8), ref.view(torch.uint8).numpy())
+    assert np.asarray(scale_inv)[0] == ref_si.item()
+    assert np.asarray(amax)[0] == ref_amax.item()
+    d, dt, _, _ = jops.cast_transpose(xj, scale, jops.fp8_dtype(fmt, flavor))
+    assert np.array_equal(np.asarray(dt).view(np.uint8), np.asarray(d).reshape(-1, shape[-1]).T.view(np.uint8))
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_delayed_scaling_matches_torch_reference(algo, margin):
+    rng = np.random.default_rng(0)
+    hist = np.abs(rng.standard_normal((16, 6)).astype(np.float32)) * 30
+    hist[:, 0] = 0.0
+    hist[0, 1] = np.inf
+    scale = (rng.random(6).astype(np.float32) + 0.5)
+    nh, ns, nsi = jax.jit(lambda h, s: jops.delayed_scaling_update(h, s, 448.0, algo, margin))(hist, scale)
+    th, ts, tsi = torch.from_numpy(hist.copy()), torch.from_numpy(scale.copy()), torch.empty(6)
+    tops.delayed_scaling_update_reference(th, ts, tsi, 448.0, algo, margin)
+    assert np.array_equal(np.asarray(nh), th.numpy())
+    assert np.array_equal(np.asarray(ns), ts.numpy())
+    assert np.array_equal(np.asarray(nsi), tsi.numpy())
+    assert ns[0] == scale[0] and (algo == "most_recent" or ns[1] == scale[1])
+    assert math.isfinite(float(ns.max()))
+
+
+def test_bad_dtype_raises():
+    with pytest.raises(ValueError, match="quantize: x has dtype int32"):
+        jops.quantize(jnp.ones((4, 4), jnp.int32), 1.0, jops.fp8_dtype("e4m3"))
