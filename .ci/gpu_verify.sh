@@ -19,16 +19,18 @@ rm -rf build transformer_engine/*.so
 if [ "${SKIP_PIP:-0}" = 1 ]; then
   step build python3 -m build_tools.native_build --build-dir build/native --out transformer_engine > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
   export PYTHONPATH=$PWD
+  PY="python3"
+  python3 -m transformer_engine info | tee "$OUT/info.txt"
 else
   step pip python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
-  # run the installed package, not the source tree
-  cd /tmp && python3 -m transformer_engine info | tee "$OUT/info.txt"; cd - > /dev/null
+  # -P: import the installed package, not the source tree in the current directory
+  PY="python3 -P"
+  (cd /tmp && python3 -m transformer_engine info) | tee "$OUT/info.txt"
 fi
-python3 -m transformer_engine info | tee "$OUT/info.txt"
 
-TE_LIB_DIR=$(python3 -c "import os, transformer_engine as t; print(os.path.dirname(t.__file__))")
+TE_LIB_DIR=$($PY -c "import os, transformer_engine as t; print(os.path.dirname(t.__file__))")
 pytest_target=${PYTEST_ARGS:-tests}
-step pytest python3 -m pytest -q -rs -p no:cacheprovider $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
+step pytest $PY -m pytest -q -rs -p no:cacheprovider $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
 
 if [ "${SKIP_CPP:-0}" != 1 ]; then
   step cpp-build bash -c "cmake -S tests/cpp -B build/cpp -GNinja -DTE_LIB_DIR=$TE_LIB_DIR -DCMAKE_CUDA_ARCHITECTURES=${NVTE_CUDA_ARCHS} > $OUT/cpp.log 2>&1 && cmake --build build/cpp >> $OUT/cpp.log 2>&1" || tail -30 "$OUT/cpp.log"
@@ -38,7 +40,7 @@ fi
 for bench in ${BENCHES:-benchmarks/bench_*.py}; do
   [ -f "$bench" ] || continue
   name=$(basename "$bench" .py)
-  step "$name" python3 "$bench" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -30
+  step "$name" $PY "$bench" --json "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log" | tail -30
 done
 
 echo "==================== summary ===================="
