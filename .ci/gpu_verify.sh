@@ -12,8 +12,9 @@ OUT=${OUT:-/tmp/te_gpu_out}
 mkdir -p "$OUT"
 export NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90a}
 export PYTHONUNBUFFERED=1
-summary=()
-step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; summary+=("$(printf '%-10s rc=%d %4ds' "$name" "$rc" $((SECONDS - t0)))"); return $rc; }
+# steps may run inside pipelines (subshells), so they record into a file, not a variable
+: > "$OUT/summary.txt"
+step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; printf '%-16s rc=%d %4ds\n' "$name" "$rc" $((SECONDS - t0)) >> "$OUT/summary.txt"; return $rc; }
 
 rm -rf build transformer_engine/*.so
 if [ "${SKIP_PIP:-0}" = 1 ]; then
@@ -47,4 +48,4 @@ echo "==================== summary ===================="
 head -4 "$OUT/info.txt"
 grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1
 [ -f "$OUT/cpp_tests.log" ] && tail -1 "$OUT/cpp_tests.log"
-printf '%s\n' "${summary[@]}"
+cat "$OUT/summary.txt"
