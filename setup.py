@@ -1,12 +1,16 @@
 """pip install . / pip install -e . : the Python package plus, unless the backend is none, the
 native library and its pybind11 module built by build_tools (CMake + ninja)."""
 import os
+import sys
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
-from build_tools.backend import plan_build
-from build_tools.native_build import build as build_native
+# PEP 517 hooks do not put the source tree on sys.path; build_tools lives there.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from build_tools.backend import plan_build  # noqa: E402
+from build_tools.native_build import build as build_native  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

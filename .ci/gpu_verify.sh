@@ -18,12 +18,12 @@ step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; printf '%-1
 
 rm -rf build transformer_engine/*.so
 if [ "${SKIP_PIP:-0}" = 1 ]; then
-  step build python3 -m build_tools.native_build --build-dir build/native --out transformer_engine > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
+  step build python3 -m build_tools.native_build --build-dir build/native --out transformer_engine > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   export PYTHONPATH=$PWD
   PY="python3"
   python3 -m transformer_engine info | tee "$OUT/info.txt"
 else
-  step pip python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
+  step pip python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   # -P: import the installed package, not the source tree in the current directory
   PY="python3 -P"
   (cd /tmp && python3 -m transformer_engine info) | tee "$OUT/info.txt"

@@ -24,17 +24,3 @@ def use_hipblaslt(build_default: bool) -> tuple:
     if chosen is None:
         return build_default, "NVTE_USE_HIPBLASLT unset: build-time default"
     return chosen, f"NVTE_USE_HIPBLASLT={os.environ['NVTE_USE_HIPBLASLT']}"
-
-
-def debug() -> bool:
-    """NVTE_DEBUG=1: log decisions (backend choices, fallbacks) through the logging module."""
-    return bool(_flag("NVTE_DEBUG", False))
-
-
-def debug_level() -> int:
-    """NVTE_DEBUG_LEVEL: 0 (default) terse, 1 choices, 2 choices and every rejection."""
-    value = os.environ.get("NVTE_DEBUG_LEVEL", "0").strip() or "0"
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable NVTE_DEBUG_LEVEL={value!r}: expected 0, 1 or 2") from None
