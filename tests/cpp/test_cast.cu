@@ -87,7 +87,7 @@ TE_TEST(delayed_scaling_update_matches_cpu) {
   for (int64_t l = 0; l < len; ++l) h[l * n + 2] = 0.f;  // amax 0 keeps the old scale
   h[1 * n + 3] = INFINITY;                                // non-finite amax keeps it too
   std::vector<float> s(n, 1.5f);
-  DeviceBuffer<float> hist(h), scale(s), scale_inv(size_t(n));
+  DeviceBuffer<float> hist(h), scale(s), scale_inv{size_t(n)};
   NVTEScalingGroup g{hist.ptr, scale.ptr, scale_inv.ptr, len, n, 448.f};
   TE_EXPECT(nvte_delayed_scaling_update(&g, 1, kNVTEAmaxMax, 1.f, nullptr) == kNVTESuccess, "%s",
             nvte_last_error_message());
