@@ -32,8 +32,12 @@ struct Tile {
 // kCast: out = fp8(x * scale) with amax; otherwise out = x (InT == OutT).
 // kAligned: rows, cols are multiples of kSeg and pointers 16-byte aligned, so every segment is
 // either wholly inside the tensor or wholly outside and can move as one vector.
+// Four resident blocks per SM (a 64-register cap) keep loads in flight while other blocks are in
+// their shared-memory phase; uncapped, the bf16 variant takes 108 registers and fits only two.
+constexpr int kMinBlocksPerSM = 3;
+
 template <typename InT, typename OutT, bool kCast, bool kAligned>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 transpose_kernel(const InT* __restrict__ in, OutT* __restrict__ out, OutT* __restrict__ out_t,
                  int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
                  float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr) {
