@@ -22,5 +22,6 @@ inline NVTEStream stream_from_int(uintptr_t s) { return reinterpret_cast<NVTEStr
 void register_device(py::module_& m);
 void register_cast(py::module_& m);
 void register_recipe(py::module_& m);
+void register_gemm(py::module_& m);
 
 }  // namespace te_py

@@ -41,4 +41,5 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_device(m);
   te_py::register_cast(m);
   te_py::register_recipe(m);
+  te_py::register_gemm(m);
 }

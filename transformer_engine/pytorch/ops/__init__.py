@@ -3,3 +3,4 @@ from .cast import (  # noqa: F401
     cast_transpose, compute_amax, dequantize, dequantize_reference, quantize, quantize_reference,
     transpose)
 from .scaling import delayed_scaling_update, delayed_scaling_update_reference  # noqa: F401
+from .gemm import GemmOutput, gemm_reference, general_gemm  # noqa: F401

@@ -1,0 +1,98 @@
+/* Dense GEMM with FP8 scaling and fused epilogues, one entry point on every vendor (cuBLASLt on
+ * NVIDIA; hipBLASLt or rocBLAS on AMD, chosen by NVTE_USE_HIPBLASLT at call time).
+ *
+ * ---- Convention: the column-major (BLAS) view ----------------------------------------------
+ * Every tensor is a dense row-major array viewed as 2-D, [rows, cols] = [prod(shape[:-1]),
+ * shape[-1]]. Read in column-major order, that same memory is the cols x rows matrix, which is
+ * what the BLAS libraries see. In that view nvte_gemm computes
+ *
+ *     D (m x n)  =  epilogue( alpha * op(A) * op(B)  +  beta * D )
+ *
+ * with op(X) = X^T when transX is true, and
+ *     A: transa ? k x m : m x k      (row-major A has shape [m, k] when transa, else [k, m])
+ *     B: transb ? n x k : k x n      (row-major B has shape [k, n] when transb, else [n, k])
+ *     D: m x n                       (row-major D has shape [n, m])
+ *
+ * ---- The same thing in row-major (PyTorch) terms ---------------------------------------------
+ *     D[n, m] = op_b(B) @ op_a(A),   op_a(A) = A^T if transa else A,  op_b(B) = B^T if transb else B
+ * Layout names give (transa, transb): "TN", "NN", "NT". For a Linear layer with weight W [out, in]
+ * and input X [tokens, in]:
+ *     fprop  Y  = X @ W^T   :  A = W,  B = X,  TN   -> D [tokens, out]
+ *     dgrad  dX = dY @ W    :  A = W,  B = dY, NN   -> D [tokens, in]
+ *     wgrad  dW = dY^T @ X  :  A = X,  B = dY, NT   -> D [out, in]
+ * So m is D's last dimension (output features), n is its row count (tokens) and k the reduction.
+ *
+ * ---- Types -----------------------------------------------------------------------------------
+ *   A, B float32 / float16 / bfloat16 (both the same): D is that dtype or float32.
+ *   A, B FP8 (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3; E5M2 x E5M2 is refused): each operand's
+ *     scale_inv[0] dequantises it (value = stored * scale_inv[0]); D is float32, bfloat16, float16,
+ *     E4M3 or E5M2. An FP8 D is written as saturate(result * D.scale[0]); D.amax[0] receives
+ *     max(D.amax[0], max|result|) (result before D.scale, as nvte_quantize does) and D.scale_inv,
+ *     when given, 1 / D.scale[0]. All on the device. scale/amax/scale_inv of a high-precision D and
+ *     the scale_inv of high-precision operands are ignored.
+ *   FP8 needs m, n and k to be multiples of 16 and 16-byte aligned data (kNVTEInvalidArgument
+ *     otherwise). cuBLASLt before Blackwell (sm_89, sm_90) multiplies FP8 only in the TN layout
+ *     (transa && !transb); other layouts return kNVTEUnsupported: make the transposed copy with
+ *     nvte_cast_transpose instead. rocBLAS has no FP8 (kNVTEUnsupported: use hipBLASLt).
+ *   use_fast_accum: FP8 only. Accumulates in the tensor cores' reduced precision (faster; the
+ *     default of forward GEMMs); pass false for wgrad. Libraries without the option ignore it.
+ *
+ * ---- Epilogues (r = alpha * op(A) op(B) + beta * D, in fp32 before rounding) ------------------
+ *   None            D = r
+ *   Bias            D = r + bias                     bias [m]
+ *   GeluAux         aux = r;         D = gelu(r)     aux has D's shape
+ *   BiasGeluAux     aux = r + bias;  D = gelu(aux)   (LayerNormMLP fc1 forward)
+ *   DGelu           D = r * gelu'(aux)               aux is the saved pre-activation (input)
+ *   DGeluBGrad      D = r * gelu'(aux);  bias = sum over the n rows of D   (bias is written)
+ * gelu is the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+ * bias has D's dtype (bfloat16 or float16 when D is FP8). aux has D's dtype (float16 or bfloat16
+ * when D is FP8), same row-major shape as D. Unused bias/aux pointers may be NULL.
+ *
+ * ---- Accumulation ----------------------------------------------------------------------------
+ *   beta != 0 reads D (beta = 1: accumulate into an existing buffer, e.g. fp32 main_grad). D must
+ *   then be high precision. beta == 0 never reads D, so it may hold garbage.
+ *
+ * ---- Resources -------------------------------------------------------------------------------
+ *   workspace: device memory of nvte_gemm_workspace_size() bytes (256-byte aligned), owned by the
+ *   caller and reusable by every GEMM on the stream. A smaller one still works but lets the
+ *   library choose only algorithms that fit (and at least 256 bytes are needed for an FP8 D).
+ *   No host synchronisation; safe under stream capture. Empty problems (m or n = 0) launch nothing
+ *   except zeroing a DGeluBGrad bias; k = 0 gives D = epilogue(beta * D).
+ */
+#ifndef TRANSFORMER_ENGINE_GEMM_H_
+#define TRANSFORMER_ENGINE_GEMM_H_
+
+#include <stdbool.h>
+
+#include "transformer_engine/transformer_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  kNVTEGemmEpilogueNone = 0,
+  kNVTEGemmEpilogueBias = 1,
+  kNVTEGemmEpilogueGeluAux = 2,
+  kNVTEGemmEpilogueBiasGeluAux = 3,
+  kNVTEGemmEpilogueDGelu = 4,
+  kNVTEGemmEpilogueDGeluBGrad = 5,
+  kNVTENumGemmEpilogues = 6
+} NVTEGemmEpilogue;
+
+/* See the top of this file. bias and aux may be NULL when the epilogue does not use them;
+ * bias is an output for DGeluBGrad, aux an output for the Gelu epilogues and an input for DGelu. */
+NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETensor* B, bool transb,
+                     NVTETensor* D, NVTETensor* bias, NVTETensor* aux, NVTEGemmEpilogue epilogue,
+                     float alpha, float beta, bool use_fast_accum, void* workspace,
+                     size_t workspace_size, NVTEStream stream);
+
+/* Bytes of workspace nvte_gemm can use (the same for every problem, so one buffer per device
+ * serves all calls). */
+size_t nvte_gemm_workspace_size(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRANSFORMER_ENGINE_GEMM_H_ */

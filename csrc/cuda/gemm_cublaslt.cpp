@@ -1,0 +1,278 @@
+// cuBLASLt implementation of the GEMM vendor interface (csrc/common/gemm/gemm_backend.h).
+//
+// Host cost per call is what makes small GEMMs fast or slow, so everything that depends only on
+// the problem's shape/types/layout/epilogue/alignment -- the matmul and layout descriptors and
+// the heuristic's algorithm -- is built once per thread and device and cached; a repeated call
+// sets the data-dependent pointer attributes (plain host writes) and launches. Nothing here
+// synchronises the host or allocates device memory, so calls are safe under stream capture.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "gemm/gemm_backend.h"
+#include "util/error.h"
+
+namespace te {
+namespace gemm {
+namespace {
+
+// How many candidates to ask the heuristic for. The first usable one is taken (they come
+// ordered by estimated time); asking for several lets one that needs more workspace than given,
+// or fails its own checks, be skipped instead of failing the call.
+constexpr int kHeuristicResults = 8;
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(status == CUBLAS_STATUS_NOT_SUPPORTED ? kNVTEUnsupported : kNVTEDeviceError,
+              concat("cuBLASLt ", what, " failed: ", cublasLtGetStatusName(status), " (",
+                     cublasLtGetStatusString(status), ")"));
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(kNVTEDeviceError, concat(what, " failed: ", cudaGetErrorString(err)));
+  }
+}
+
+cudaDataType_t cuda_type(NVTEDType t) {
+  switch (t) {
+    case kNVTEFloat32: return CUDA_R_32F;
+    case kNVTEFloat16: return CUDA_R_16F;
+    case kNVTEBFloat16: return CUDA_R_16BF;
+    case kNVTEFloat8E4M3: return CUDA_R_8F_E4M3;
+    case kNVTEFloat8E5M2: return CUDA_R_8F_E5M2;
+    default: throw Error(kNVTEInvalidArgument, concat("no cuBLASLt type for ", nvte_dtype_name(t)));
+  }
+}
+
+cublasLtEpilogue_t lt_epilogue(NVTEGemmEpilogue e) {
+  switch (e) {
+    case kNVTEGemmEpilogueBias: return CUBLASLT_EPILOGUE_BIAS;
+    case kNVTEGemmEpilogueGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case kNVTEGemmEpilogueBiasGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case kNVTEGemmEpilogueDGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case kNVTEGemmEpilogueDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+// Per-thread, per-device state. Handles are created on first use and deliberately never
+// destroyed: thread-exit destructors can run after the CUDA context is gone, and a handle is a
+// small host object.
+struct DeviceState {
+  cublasLtHandle_t handle = nullptr;
+  int compute_capability = 0;  // major * 10 + minor
+};
+
+DeviceState& device_state(int device) {
+  thread_local std::vector<DeviceState> states;
+  if (device >= static_cast<int>(states.size())) states.resize(device + 1);
+  DeviceState& s = states[device];
+  if (s.handle == nullptr) {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute(major)");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+               "cudaDeviceGetAttribute(minor)");
+    s.compute_capability = major * 10 + minor;
+    check_cublas(cublasLtCreate(&s.handle), "cublasLtCreate");
+  }
+  return s;
+}
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  check_cublas(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(T)),
+               "cublasLtMatmulDescSetAttribute");
+}
+
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+              const T& value) {
+  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(T)),
+               "cublasLtMatmulPreferenceSetAttribute");
+}
+
+// Descriptors and algorithm of one cached problem.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool fused = true;  // false: plain GEMM here, the portable kernel applies the epilogue
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() { release(); }
+  void release() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    desc = nullptr;
+    a = b = c = d = nullptr;
+  }
+};
+
+// The C matrix is D itself (read only when beta != 0). For an FP8 D, cuBLASLt wants a 16-bit C
+// type (the bias's when there is one); beta is 0 then, so C is never read.
+NVTEDType c_type_of(const GemmArgs& g) {
+  if (!is_fp8_type(g.d_type)) return g.d_type;
+  return epilogue_uses_bias(g.epilogue) ? g.bias_type : kNVTEBFloat16;
+}
+
+// Sets the attributes that point at this call's data. Cheap host writes into the descriptor.
+void set_data_pointers(const Plan& p, const GemmArgs& g) {
+  if (is_fp8_type(g.a_type)) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.a_scale_inv);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.b_scale_inv);
+  }
+  if (is_fp8_type(g.d_type)) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, g.d_scale);
+    if (g.d_amax != nullptr) set_desc(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, g.d_amax);
+  }
+  if (p.fused && epilogue_uses_bias(g.epilogue))
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+  if (p.fused && epilogue_uses_aux(g.epilogue))
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
+}
+
+// Builds descriptors for g (with its epilogue fused or not) and asks the heuristic. Returns
+// false when cuBLASLt has no algorithm for it.
+bool build_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, bool fused) {
+  p.release();
+  p.fused = fused;
+  check_cublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+  const int32_t ta = g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta);
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb);
+  if (is_fp8_type(g.a_type)) {
+    const int8_t fast = g.fast_accum ? 1 : 0;
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+  }
+  const uint32_t epi = fused ? lt_epilogue(g.epilogue) : CUBLASLT_EPILOGUE_DEFAULT;
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+  if (fused && epilogue_uses_bias(g.epilogue)) {
+    const int32_t bias_type = cuda_type(g.bias_type);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+  }
+  if (fused && epilogue_uses_aux(g.epilogue)) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ld_aux);
+    if (g.aux_type != g.d_type) {
+      const int32_t aux_type = cuda_type(g.aux_type);
+      set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
+    }
+  }
+  // Pointer attributes take part in the heuristic's alignment checks, so they are set first.
+  set_data_pointers(p, g);
+
+  const uint64_t a_rows = g.transa ? g.k : g.m, a_cols = g.transa ? g.m : g.k;
+  const uint64_t b_rows = g.transb ? g.n : g.k, b_cols = g.transb ? g.k : g.n;
+  check_cublas(cublasLtMatrixLayoutCreate(&p.a, cuda_type(g.a_type), a_rows, a_cols, g.lda),
+               "cublasLtMatrixLayoutCreate(A)");
+  check_cublas(cublasLtMatrixLayoutCreate(&p.b, cuda_type(g.b_type), b_rows, b_cols, g.ldb),
+               "cublasLtMatrixLayoutCreate(B)");
+  check_cublas(cublasLtMatrixLayoutCreate(&p.c, cuda_type(c_type_of(g)), g.m, g.n, g.ldd),
+               "cublasLtMatrixLayoutCreate(C)");
+  check_cublas(cublasLtMatrixLayoutCreate(&p.d, cuda_type(g.d_type), g.m, g.n, g.ldd),
+               "cublasLtMatrixLayoutCreate(D)");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)>
+      pref_guard(pref, cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = g.workspace_size;
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+  const uint32_t align_a = static_cast<uint32_t>(alignment_of(g.a));
+  const uint32_t align_b = static_cast<uint32_t>(alignment_of(g.b));
+  const uint32_t align_d = static_cast<uint32_t>(alignment_of(g.d));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+
+  cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, p.desc, p.a, p.b, p.c, p.d, pref, kHeuristicResults, results, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  check_cublas(status, "cublasLtMatmulAlgoGetHeuristic");
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= ws) {
+      p.algo = results[i].algo;
+      return true;
+    }
+  }
+  return false;
+}
+
+// cuBLASLt reads a GELU aux buffer only with a leading dimension divisible by 8.
+bool can_fuse(const GemmArgs& g) {
+  if (g.epilogue == kNVTEGemmEpilogueNone) return true;
+  return !epilogue_uses_aux(g.epilogue) || g.ld_aux % 8 == 0;
+}
+
+const Plan& plan_for(const GemmArgs& g, int device, cublasLtHandle_t handle) {
+  thread_local std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> cache;
+  const PlanKey key = plan_key(g, device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+
+  auto plan = std::make_unique<Plan>();
+  bool ok = can_fuse(g) && build_plan(*plan, g, handle, /*fused=*/true);
+  if (!ok && g.epilogue != kNVTEGemmEpilogueNone) {
+    // The portable epilogue reads the product back from D, which an FP8 D cannot hold.
+    if (is_fp8_type(g.d_type))
+      TE_UNSUPPORTED("cuBLASLt cannot fuse the epilogue of ", describe_problem(g),
+                     " and an FP8 D cannot take the unfused one; use a 16-bit D");
+    ok = build_plan(*plan, g, handle, /*fused=*/false);
+  }
+  if (!ok)
+    TE_UNSUPPORTED("cuBLASLt has no algorithm for ", describe_problem(g), " with ",
+                   g.workspace_size, " bytes of workspace on sm_",
+                   device_state(device).compute_capability);
+  return *cache.emplace(key, std::move(plan)).first->second;
+}
+
+}  // namespace
+
+const char* backend_name() { return "cuBLASLt"; }
+
+void backend_check(const GemmArgs& g) {
+  if (!is_fp8_type(g.a_type)) return;
+  const int cc = device_state(current_device()).compute_capability;
+  if (cc < 89)
+    TE_UNSUPPORTED("FP8 GEMM needs FP8 tensor cores (sm_89 or newer); this device is sm_", cc);
+  // Before Blackwell, cuBLASLt's FP8 kernels read both operands K-major: the TN layout only.
+  if (cc < 100 && !(g.transa && !g.transb))
+    TE_UNSUPPORTED("FP8 GEMM on sm_", cc, " supports only the TN layout (transa=true, ",
+                   "transb=false); got ", g.transa ? "T" : "N", g.transb ? "T" : "N",
+                   ". Make the transposed FP8 copy with cast_transpose instead");
+}
+
+void backend_run(const GemmArgs& g) {
+  const int device = current_device();
+  cublasLtHandle_t handle = device_state(device).handle;
+  const Plan& plan = plan_for(g, device, handle);
+  set_data_pointers(plan, g);
+  check_cublas(cublasLtMatmul(handle, plan.desc, &g.alpha, g.a, plan.a, g.b, plan.b, &g.beta, g.d,
+                              plan.c, g.d, plan.d, &plan.algo, g.workspace, g.workspace_size,
+                              reinterpret_cast<cudaStream_t>(g.stream)),
+               "cublasLtMatmul");
+  if (!plan.fused) run_unfused_epilogue(g, 1.f);
+}
+
+}  // namespace gemm
+}  // namespace te

@@ -1,0 +1,246 @@
+// C API tests of nvte_gemm against CPU loops: layouts, epilogues, accumulation, FP8 operands and
+// output, and the statuses of refused requests.
+#include <cmath>
+#include <cstring>
+
+#include "test_common.h"
+#include "transformer_engine/gemm.h"
+
+using namespace te_test;
+
+namespace {
+
+struct Workspace {
+  DeviceBuffer<uint8_t> buf{nvte_gemm_workspace_size()};
+};
+
+float gelu(float x) { return 0.5f * x * (1.f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
+float dgelu(float x) {
+  const float t = std::tanh(0.7978845608f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * 0.7978845608f * (1.f + 3.f * 0.044715f * x * x);
+}
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16_rn(v[i]);
+  return out;
+}
+std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+// Row-major product D[n][m] = op_b(B) @ op_a(A), as documented in gemm.h.
+std::vector<double> cpu_gemm(const std::vector<float>& a, const std::vector<float>& b, bool transa,
+                             bool transb, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> d(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double bv = transb ? b[p * n + i] : b[i * k + p];  // B [k, n] or [n, k]
+        const double av = transa ? a[j * k + p] : a[p * m + j];  // A [m, k] or [k, m]
+        s += av * bv;
+      }
+      d[i * m + j] = s;
+    }
+  return d;
+}
+
+bool close(double got, double want, double rtol, double atol) {
+  return std::fabs(got - want) <= atol + rtol * std::fabs(want);
+}
+
+// bf16 GEMM with an epilogue, compared element by element with the CPU loop.
+void check_bf16(bool transa, bool transb, int64_t m, int64_t n, int64_t k, NVTEGemmEpilogue epi,
+                float beta, unsigned seed) {
+  Workspace ws;
+  auto a = from_bf16(to_bf16(random_floats(size_t(m * k), seed)));
+  auto b = from_bf16(to_bf16(random_floats(size_t(n * k), seed + 1)));
+  auto bias = from_bf16(to_bf16(random_floats(size_t(m), seed + 2)));
+  auto aux_in = from_bf16(to_bf16(random_floats(size_t(m * n), seed + 3, 2.f)));
+  auto d0 = from_bf16(to_bf16(random_floats(size_t(m * n), seed + 4)));
+  DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b)), dd(to_bf16(d0)), dbias(to_bf16(bias)),
+      daux(to_bf16(aux_in));
+  NVTETensor A = desc(da.ptr, transa ? std::vector<int64_t>{m, k} : std::vector<int64_t>{k, m},
+                      kNVTEBFloat16);
+  NVTETensor B = desc(db.ptr, transb ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k},
+                      kNVTEBFloat16);
+  NVTETensor D = desc(dd.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor Bias = desc(dbias.ptr, {m}, kNVTEBFloat16);
+  NVTETensor Aux = desc(daux.ptr, {n, m}, kNVTEBFloat16);
+  const NVTEStatus st = nvte_gemm(&A, transa, &B, transb, &D, &Bias, &Aux, epi, 1.f, beta, false,
+                                  ws.buf.ptr, ws.buf.n, nullptr);
+  TE_EXPECT(st == kNVTESuccess, "%s", nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto want = cpu_gemm(a, b, transa, transb, m, n, k);
+  auto got = from_bf16(dd.download());
+  auto got_aux = from_bf16(daux.download());
+  auto got_bias = from_bf16(dbias.download());
+  std::vector<double> bgrad(size_t(m), 0.0);
+  int bad = 0, bad_aux = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      const size_t idx = size_t(i * m + j);
+      double r = want[idx] + beta * d0[idx];
+      if (epi == kNVTEGemmEpilogueBias || epi == kNVTEGemmEpilogueBiasGeluAux) r += bias[j];
+      if (epi == kNVTEGemmEpilogueGeluAux || epi == kNVTEGemmEpilogueBiasGeluAux) {
+        bad_aux += !close(got_aux[idx], r, 1.6e-2, 1e-3 * std::sqrt(double(k)));
+        r = gelu(float(r));
+      }
+      if (epi == kNVTEGemmEpilogueDGelu || epi == kNVTEGemmEpilogueDGeluBGrad) r *= dgelu(aux_in[idx]);
+      bgrad[size_t(j)] += r;
+      bad += !close(got[idx], r, 1.6e-2, 1e-3 * std::sqrt(double(k)));
+    }
+  TE_EXPECT(bad == 0 && bad_aux == 0, "%d D / %d aux mismatches, %s%s m=%lld n=%lld k=%lld epi %d",
+            bad, bad_aux, transa ? "T" : "N", transb ? "T" : "N", (long long)m, (long long)n,
+            (long long)k, int(epi));
+  if (epi == kNVTEGemmEpilogueDGeluBGrad) {
+    int bad_b = 0;
+    for (int64_t j = 0; j < m; ++j) bad_b += !close(got_bias[j], bgrad[j], 2e-2, 0.05 * std::sqrt(double(n)));
+    TE_EXPECT(bad_b == 0, "%d bias-gradient mismatches", bad_b);
+  }
+}
+
+int compute_major() {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  return major;
+}
+int compute_minor() {
+  int minor = 0;
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return minor;
+}
+
+}  // namespace
+
+TE_TEST(gemm_bf16_layouts_and_epilogues_match_cpu) {
+  const bool layouts[][2] = {{true, false}, {false, false}, {false, true}};
+  const NVTEGemmEpilogue epis[] = {kNVTEGemmEpilogueNone, kNVTEGemmEpilogueBias,
+                                   kNVTEGemmEpilogueGeluAux, kNVTEGemmEpilogueBiasGeluAux,
+                                   kNVTEGemmEpilogueDGelu, kNVTEGemmEpilogueDGeluBGrad};
+  unsigned seed = 1;
+  for (auto& l : layouts)
+    for (auto e : epis) {
+      check_bf16(l[0], l[1], 37, 29, 23, e, 0.f, seed++);   // odd: unfused GELU path
+      check_bf16(l[0], l[1], 64, 48, 80, e, 1.f, seed++);   // aligned, accumulating
+    }
+}
+
+TE_TEST(gemm_fp8_tn_matches_cpu) {
+  if (compute_major() * 10 + compute_minor() < 89) return;  // no FP8 tensor cores
+  Workspace ws;
+  const int64_t m = 64, n = 32, k = 48;
+  auto a = random_floats(size_t(m * k), 5, 8.f), b = random_floats(size_t(n * k), 6, 8.f);
+  std::vector<uint8_t> qa(a.size()), qb(b.size()), qb4(b.size());
+  std::vector<float> fa(a.size()), fb(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    qa[i] = host_fp8(a[i], true);
+    fa[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(qa[i], __NV_E4M3))) * 0.25f;
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    qb[i] = host_fp8(b[i], false);
+    qb4[i] = host_fp8(b[i], true);
+    fb[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(qb[i], __NV_E5M2))) * 0.5f;
+  }
+  DeviceBuffer<uint8_t> da(qa), db(qb), db4(qb4), dq(size_t(m * n));
+  DeviceBuffer<float> dd(size_t(m * n)), sa(std::vector<float>{0.25f}), sb(std::vector<float>{0.5f}),
+      scale(std::vector<float>{2.f}), amax(std::vector<float>{0.f}), scale_inv(std::vector<float>{0.f});
+  NVTETensor A = desc(da.ptr, {m, k}, kNVTEFloat8E4M3, nullptr, nullptr, sa.ptr);
+  NVTETensor B = desc(db.ptr, {n, k}, kNVTEFloat8E5M2, nullptr, nullptr, sb.ptr);
+  NVTETensor D = desc(dd.ptr, {n, m}, kNVTEFloat32);
+  TE_EXPECT(nvte_gemm(&A, true, &B, false, &D, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f, 0.f,
+                      false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  // FP8 output E4M3 with scale 2: amax and scale_inv written on the device.
+  NVTETensor A2 = desc(da.ptr, {m, k}, kNVTEFloat8E4M3, nullptr, nullptr, sa.ptr);
+  NVTETensor B2 = desc(db4.ptr, {n, k}, kNVTEFloat8E4M3, nullptr, nullptr, sb.ptr);
+  NVTETensor Q = desc(dq.ptr, {n, m}, kNVTEFloat8E4M3, amax.ptr, scale.ptr, scale_inv.ptr);
+  TE_EXPECT(nvte_gemm(&A2, true, &B2, false, &Q, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f, 0.f,
+                      true, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto want = cpu_gemm(fa, fb, true, false, m, n, k);
+  auto got = dd.download();
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += !close(got[i], want[i], 1e-5, 1e-3);
+  TE_EXPECT(bad == 0, "%d fp32-out mismatches", bad);
+  std::vector<float> fb4(qb4.size());
+  for (size_t i = 0; i < qb4.size(); ++i)
+    fb4[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(qb4[i], __NV_E4M3))) * 0.5f;
+  auto want4 = cpu_gemm(fa, fb4, true, false, m, n, k);
+  double want_amax = 0;
+  for (double v : want4) want_amax = std::fmax(want_amax, std::fabs(v));
+  TE_EXPECT(std::fabs(amax.download()[0] - want_amax) <= 5e-3 * want_amax, "amax %g vs %g",
+            amax.download()[0], want_amax);
+  TE_EXPECT(scale_inv.download()[0] == 0.5f, "scale_inv");
+  auto q = dq.download();
+  int bad_q = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    const float deq = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3))) * 0.5f;
+    const double sat = std::fmax(-224.0, std::fmin(224.0, want4[i]));  // 448 / scale
+    bad_q += !close(deq, sat, 0.125, 0.07);
+  }
+  TE_EXPECT(bad_q == 0, "%d fp8-out mismatches", bad_q);
+}
+
+TE_TEST(gemm_refusals_return_status) {
+  Workspace ws;
+  DeviceBuffer<uint8_t> a8(64 * 64), b8(64 * 64);
+  DeviceBuffer<float> d(64 * 64), one(std::vector<float>{1.f});
+  // FP8 with m = 40: invalid argument, whatever the device.
+  NVTETensor A = desc(a8.ptr, {40, 32}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor B = desc(b8.ptr, {16, 32}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor D = desc(d.ptr, {16, 40}, kNVTEFloat32);
+  TE_EXPECT(nvte_gemm(&A, true, &B, false, &D, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f, 0.f,
+                      true, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument,
+            "m=40 FP8 accepted");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "multiples of 16") != nullptr, "%s",
+            nvte_last_error_message());
+  // FP8 NN on Hopper/Ada: unsupported, with the layout named.
+  const int cc = compute_major() * 10 + compute_minor();
+  NVTETensor A2 = desc(a8.ptr, {32, 32}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor B2 = desc(b8.ptr, {16, 32}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor D2 = desc(d.ptr, {16, 32}, kNVTEFloat32);
+  const NVTEStatus nn = nvte_gemm(&A2, false, &B2, false, &D2, nullptr, nullptr,
+                                  kNVTEGemmEpilogueNone, 1.f, 0.f, true, ws.buf.ptr, ws.buf.n,
+                                  nullptr);
+  if (cc >= 89 && cc < 100)
+    TE_EXPECT(nn == kNVTEUnsupported && std::strstr(nvte_last_error_message(), "TN layout"),
+              "FP8 NN on sm_%d: status %d, %s", cc, int(nn), nvte_last_error_message());
+  // Mismatched reduction dimension, missing bias, bad epilogue value.
+  DeviceBuffer<float> fa(64 * 64), fb(64 * 64);
+  NVTETensor FA = desc(fa.ptr, {8, 16}, kNVTEFloat32), FB = desc(fb.ptr, {4, 15}, kNVTEFloat32);
+  NVTETensor FD = desc(d.ptr, {4, 8}, kNVTEFloat32);
+  TE_EXPECT(nvte_gemm(&FA, true, &FB, false, &FD, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f, 0.f,
+                      false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument, "k mismatch");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "reduction dimension") != nullptr, "%s",
+            nvte_last_error_message());
+  NVTETensor FB2 = desc(fb.ptr, {4, 16}, kNVTEFloat32);
+  TE_EXPECT(nvte_gemm(&FA, true, &FB2, false, &FD, nullptr, nullptr, kNVTEGemmEpilogueBias, 1.f,
+                      0.f, false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument,
+            "missing bias accepted");
+  TE_EXPECT(nvte_gemm(&FA, true, &FB2, false, &FD, nullptr, nullptr, NVTEGemmEpilogue(42), 1.f,
+                      0.f, false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument,
+            "epilogue 42 accepted");
+  TE_EXPECT(nvte_gemm_workspace_size() >= (size_t(32) << 20), "workspace size %zu",
+            nvte_gemm_workspace_size());
+}
+
+TE_TEST(gemm_empty_batch_zeroes_bias_grad) {
+  Workspace ws;
+  const int64_t m = 24, k = 16;
+  DeviceBuffer<float> a(size_t(m * k)), bias(std::vector<float>(size_t(m), 7.f)), dummy(16);
+  NVTETensor A = desc(a.ptr, {m, k}, kNVTEFloat32);
+  NVTETensor B = desc(nullptr, {0, k}, kNVTEFloat32);
+  NVTETensor D = desc(nullptr, {0, m}, kNVTEFloat32);
+  NVTETensor Bias = desc(bias.ptr, {m}, kNVTEFloat32);
+  NVTETensor Aux = desc(nullptr, {0, m}, kNVTEFloat32);
+  TE_EXPECT(nvte_gemm(&A, true, &B, false, &D, &Bias, &Aux, kNVTEGemmEpilogueDGeluBGrad, 1.f, 0.f,
+                      false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  for (float v : bias.download()) TE_EXPECT(v == 0.f, "bias grad over no rows is %g", v);
+}

@@ -1,0 +1,375 @@
+"""general_gemm (nvte_gemm): every dtype x layout x epilogue x accumulate against a float64 model
+of the maths, FP8 operands and outputs with their scales, the refused requests, empty problems,
+misaligned pointers and CUDA-graph capture.
+
+On "cpu" the op runs its plain-torch reference, so the reference is checked against the model;
+on "cuda" the native library is. Tolerances: the shared table (tests/tolerances.py) for the
+output rounding, plus a bound on the fp32 (or FP8 fast) accumulation error that scales with
+|op_b(B)| @ |op_a(A)|.
+"""
+import math
+
+import pytest
+import torch
+
+from transformer_engine.pytorch import native, ops
+from transformer_engine.pytorch.ops import gemm as gemm_mod
+from utils import DEVICES, randn, requires_native_gpu, tols
+
+HP = [torch.float32, torch.float16, torch.bfloat16]
+LAYOUTS = ["TN", "NN", "NT"]
+EPILOGUES = ["none", "bias", "gelu", "bias_gelu", "dgelu", "dgelu_bgrad"]
+# (m, n, k): odd sizes (and m % 8 != 0, which cuBLASLt cannot fuse with a GELU aux buffer, so
+# the portable epilogue runs) and multiples of 16 (the fused library epilogues).
+HP_SHAPES = [(37, 29, 23), (64, 48, 80)]
+
+
+def fp32_acc_eps(fast_accum=False):
+    # Hopper's FP8 fast accumulation keeps fewer mantissa bits than fp32.
+    return 2.0 ** -10 if fast_accum else 2.0 ** -21
+
+
+def assert_gemm_close(got, ref, absprod, dtype, fast_accum=False, what="out", extra=None):
+    """|got - ref| <= atol + rtol |ref| + 8 eps_acc (|B| @ |A|) (+ extra), elementwise."""
+    t = tols(dtype)
+    got = got.detach().cpu().double().reshape(ref.shape)
+    bound = t["atol"] + t["rtol"] * ref.abs() + 8 * fp32_acc_eps(fast_accum) * absprod
+    if extra is not None:
+        bound = bound + extra
+    err = (got - ref).abs()
+    bad = ~(err <= bound)
+    assert not bad.any(), (f"{what}: {int(bad.sum())}/{bad.numel()} elements off; worst "
+                           f"err {float((err - bound).max()):.3g} over the bound, "
+                           f"e.g. got {float(got[bad][0]):.6g} want {float(ref[bad][0]):.6g}")
+
+
+def operands(layout, m, n, k, dtype, device, seed):
+    """Row-major A and B for a layout: A is [m, k] when transposed else [k, m]; B [k, n] or [n, k]."""
+    a_shape = (m, k) if layout[0] == "T" else (k, m)
+    b_shape = (k, n) if layout[1] == "T" else (n, k)
+    return (randn(a_shape, dtype, device, seed=seed), randn(b_shape, dtype, device, seed=seed + 1))
+
+
+def model(A, B, layout, *, A_si=None, B_si=None, alpha=1.0, acc=None, bias=None, gelu=False,
+          gelu_input=None):
+    """float64 reference: (result, pre-GELU value, |B| @ |A| for the error bound)."""
+    a = A.cpu().double() * (float(A_si) if A_si is not None else 1.0)
+    b = B.cpu().double() * (float(B_si) if B_si is not None else 1.0)
+    a = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+    b = b.reshape(math.prod(b.shape[:-1]), b.shape[-1])
+    op_a = a.t() if layout[0] == "T" else a
+    op_b = b.t() if layout[1] == "T" else b
+    r = alpha * (op_b @ op_a)
+    absprod = op_b.abs() @ op_a.abs() * abs(alpha)
+    if acc is not None:
+        r = r + acc.cpu().double().reshape(r.shape)
+    if bias is not None:
+        r = r + bias.cpu().double().reshape(1, -1)
+    pre = r
+    if gelu:
+        r = gemm_mod.gelu_tanh(r)
+    if gelu_input is not None:
+        r = r * gemm_mod.dgelu_tanh(gelu_input.cpu().double().reshape(r.shape))
+    return r, pre, absprod
+
+
+def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate, seed=0,
+             A=None, B=None, A_si=None, B_si=None, fast_accum=False):
+    if A is None:
+        A, B = operands(layout, m, n, k, in_dtype, device, seed)
+    side = out_dtype
+    kwargs = dict(layout=layout, A_scale_inv=A_si, B_scale_inv=B_si,
+                  use_split_accumulator=not fast_accum)
+    bias = gelu_input = acc0 = None
+    if epilogue in ("bias", "bias_gelu"):
+        bias = randn((m,), side, device, seed=seed + 2)
+        kwargs["bias"] = bias
+    if epilogue in ("gelu", "bias_gelu"):
+        kwargs["gelu"] = True
+    if epilogue in ("dgelu", "dgelu_bgrad"):
+        gelu_input = randn((n, m), side, device, seed=seed + 3, scale=2.0)
+        kwargs["gelu_input"] = gelu_input
+        kwargs["bias_grad"] = epilogue == "dgelu_bgrad"
+    if accumulate:
+        acc0 = randn((n, m), out_dtype, device, seed=seed + 4)
+        kwargs["out"] = acc0.clone()
+        kwargs["accumulate"] = True
+    res = ops.general_gemm(A, B, out_dtype, **kwargs)
+    ref, pre, absprod = model(A, B, layout, A_si=A_si, B_si=B_si, acc=acc0, bias=bias,
+                              gelu=epilogue in ("gelu", "bias_gelu"),
+                              gelu_input=gelu_input)
+    assert res.out.shape == (n, m) and res.out.dtype == out_dtype and res.out.device.type == device
+    if accumulate:
+        assert res.out.data_ptr() == kwargs["out"].data_ptr()
+    assert_gemm_close(res.out, ref, absprod, out_dtype, fast_accum)
+    if epilogue in ("gelu", "bias_gelu"):
+        assert res.gelu_input is not None and res.gelu_input.shape == (n, m)
+        assert_gemm_close(res.gelu_input, pre, absprod, res.gelu_input.dtype, fast_accum, "gelu_input")
+    else:
+        assert res.gelu_input is None
+    if epilogue == "dgelu_bgrad":
+        # The library may sum D before or after rounding it to out_dtype: allow both.
+        rounding = 0.5 * tols(out_dtype)["rtol"] * ref.abs().sum(0)
+        assert_gemm_close(res.bias_grad, ref.sum(0), absprod.sum(0), res.bias_grad.dtype,
+                          fast_accum, "bias_grad", extra=rounding)
+    else:
+        assert res.bias_grad is None
+    return res
+
+
+# ----- high precision ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", HP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", HP)
+@pytest.mark.parametrize("fp32_out", [False, True], ids=["same_out", "fp32_out"])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
+def test_gemm_high_precision(device, shape, layout, dtype, fp32_out, epilogue, accumulate):
+    if fp32_out and dtype == torch.float32:
+        pytest.skip("same as same_out for float32")
+    m, n, k = shape
+    out_dtype = torch.float32 if fp32_out else dtype
+    run_case(device, layout, m, n, k, dtype, out_dtype, epilogue, accumulate,
+             seed=hash((shape, layout, str(dtype), epilogue)) % 997)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_alpha_batched_b_and_repeat(device):
+    """alpha scales the product; B with leading batch dims keeps them; repeated calls (cached
+    plans) give the same bits."""
+    W = randn((48, 32), torch.bfloat16, device, seed=5)
+    X = randn((2, 3, 32), torch.bfloat16, device, seed=6)
+    first = ops.general_gemm(W, X, layout="TN", alpha=0.5).out
+    assert first.shape == (2, 3, 48)
+    ref, _, absprod = model(W, X, "TN", alpha=0.5)
+    assert_gemm_close(first, ref, absprod, torch.bfloat16)
+    for _ in range(3):
+        assert torch.equal(ops.general_gemm(W, X, layout="TN", alpha=0.5).out, first)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemm_misaligned_pointers(device, dtype):
+    """Operands at 2-byte (bf16) / 4-byte (fp32) offsets: the library must pick kernels for that
+    alignment (plans are cached per alignment), not reuse an aligned one."""
+    m, n, k = 40, 24, 56
+    for offset in (0, 1, 0):
+        a_buf = randn((m * k + 1,), dtype, device, seed=offset + 10)
+        b_buf = randn((n * k + 1,), dtype, device, seed=offset + 11)
+        A = a_buf[offset:offset + m * k].view(m, k)
+        B = b_buf[offset:offset + n * k].view(n, k)
+        run_case(device, "TN", m, n, k, dtype, dtype, "bias", False, A=A, B=B, seed=offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_gemm_empty_batch(device, epilogue):
+    """M = 0 tokens: an empty output, empty aux, and a zero bias gradient."""
+    m, n, k = 32, 0, 48
+    res = run_case(device, "TN", m, n, k, torch.bfloat16, torch.bfloat16, epilogue, False)
+    assert res.out.numel() == 0
+    if epilogue == "dgelu_bgrad":
+        assert torch.equal(res.bias_grad.cpu(), torch.zeros(m, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemm_empty_reduction(device, accumulate):
+    """k = 0: the product is zero, so out = bias (+ out when accumulating)."""
+    run_case(device, "TN", 24, 8, 0, torch.float32, torch.float32, "bias", accumulate)
+
+
+# ----- FP8 ---------------------------------------------------------------------------------------
+
+FP8_PAIRS = [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]
+
+
+def fp8_operand(shape, fmt, device, seed, scale=4.0):
+    dtype = native.fp8_dtype(fmt, device)
+    x = randn(shape, torch.float32, "cpu", seed=seed)
+    q = (x * scale).to(dtype).to(device)
+    return q, torch.tensor([1.0 / scale], device=device)
+
+
+def fp8_case(device, layout, m, n, k, pair, seed=0):
+    a_shape = (m, k) if layout[0] == "T" else (k, m)
+    b_shape = (k, n) if layout[1] == "T" else (n, k)
+    A, A_si = fp8_operand(a_shape, pair[0], device, seed, scale=8.0)
+    B, B_si = fp8_operand(b_shape, pair[1], device, seed + 1, scale=2.0)
+    return A, A_si, B, B_si
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pair", FP8_PAIRS, ids=lambda p: "x".join(p))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
+@pytest.mark.parametrize("fast_accum", [True, False], ids=["fast", "split"])
+def test_gemm_fp8_high_precision_out(device, pair, out_dtype, epilogue, accumulate, fast_accum):
+    m, n, k = 64, 32, 96
+    A, A_si, B, B_si = fp8_case(device, "TN", m, n, k, pair, seed=len(epilogue))
+    run_case(device, "TN", m, n, k, None, out_dtype, epilogue, accumulate, seed=3, A=A, B=B,
+             A_si=A_si, B_si=B_si, fast_accum=fast_accum)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pair", FP8_PAIRS, ids=lambda p: "x".join(p))
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_fp8_out(device, pair, bias):
+    """FP8 output: saturate(result * scale), amax = max(amax, max|result|), scale_inv = 1/scale."""
+    m, n, k = 48, 32, 64
+    A, A_si, B, B_si = fp8_case(device, "TN", m, n, k, pair, seed=9)
+    out_dtype = native.fp8_dtype("e4m3", device)
+    out_scale = torch.tensor([2.0], device=device)
+    out_amax = torch.tensor([0.25], device=device)  # smaller than the result's: must be raised
+    out_scale_inv = torch.zeros(1, device=device)
+    b = randn((m,), torch.bfloat16, device, seed=4) if bias else None
+    res = ops.general_gemm(A, B, out_dtype, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si,
+                           bias=b, out_scale=out_scale, out_amax=out_amax,
+                           out_scale_inv=out_scale_inv)
+    ref, _, absprod = model(A, B, "TN", A_si=A_si, B_si=B_si, bias=b)
+    assert res.out.dtype == out_dtype
+    deq = res.out.float() * 0.5
+    assert_gemm_close(deq, ref.clamp(-224, 224), absprod, out_dtype, fast_accum=True)
+    want_amax = float(ref.abs().max())
+    assert abs(float(out_amax) - want_amax) <= 5e-3 * want_amax  # fast accumulation
+    assert float(out_scale_inv) == 0.5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_fp8_out_keeps_larger_amax(device):
+    m, n, k = 16, 16, 16
+    A, A_si, B, B_si = fp8_case(device, "TN", m, n, k, ("e4m3", "e4m3"), seed=2)
+    out_amax = torch.tensor([1e6], device=device)
+    ops.general_gemm(A, B, native.fp8_dtype("e4m3", device), layout="TN", A_scale_inv=A_si,
+                     B_scale_inv=B_si, out_scale=torch.ones(1, device=device), out_amax=out_amax)
+    assert float(out_amax) == 1e6
+
+
+def _fp8_any_layout():
+    """True when the device's library multiplies FP8 in every layout (CPU reference; sm_100+)."""
+    if not torch.cuda.is_available():
+        return True
+    return torch.cuda.get_device_capability()[0] >= 10
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["NN", "NT"])
+def test_gemm_fp8_non_tn(device, layout):
+    """Non-TN FP8: computed by the reference (and Blackwell); a clear NotImplementedError from
+    cuBLASLt on Hopper/Ada instead of garbage."""
+    m, n, k = 32, 16, 48
+    A, A_si, B, B_si = fp8_case(device, layout, m, n, k, ("e4m3", "e4m3"), seed=12)
+    if device == "cuda" and not _fp8_any_layout():
+        with pytest.raises(NotImplementedError, match="TN layout"):
+            ops.general_gemm(A, B, layout=layout, A_scale_inv=A_si, B_scale_inv=B_si)
+        return
+    run_case(device, layout, m, n, k, None, torch.bfloat16, "none", False, A=A, B=B, A_si=A_si,
+             B_si=B_si, fast_accum=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(40, 32, 64), (32, 24, 64), (32, 32, 72)],
+                         ids=["m40", "n24", "k72"])
+def test_gemm_fp8_dims_not_multiple_of_16(device, shape):
+    m, n, k = shape
+    A, A_si = fp8_operand((m, k), "e4m3", device, 1)
+    B, B_si = fp8_operand((n, k), "e4m3", device, 2)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        ops.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_fp8_empty_batch(device):
+    A, A_si = fp8_operand((32, 48), "e4m3", device, 1)
+    B, B_si = fp8_operand((0, 48), "e4m3", device, 2)
+    out = ops.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si).out
+    assert out.shape == (0, 32)
+
+
+# ----- refused requests --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_errors_name_op_and_argument(device):
+    A = randn((16, 32), torch.bfloat16, device)
+    B = randn((8, 32), torch.bfloat16, device)
+    with pytest.raises(ValueError, match="general_gemm: A .* and B .* must have the same dtype"):
+        ops.general_gemm(A, B.float())
+    with pytest.raises(ValueError, match="reduction dimension"):
+        ops.general_gemm(A, randn((8, 31), torch.bfloat16, device))
+    with pytest.raises(ValueError, match="layout"):
+        ops.general_gemm(A, B, layout="XT")
+    with pytest.raises(ValueError, match="out_dtype"):
+        ops.general_gemm(A, B, torch.float16)
+    with pytest.raises(ValueError, match="accumulate=True needs `out`"):
+        ops.general_gemm(A, B, accumulate=True)
+    with pytest.raises(ValueError, match="bias_grad=True needs gelu_input"):
+        ops.general_gemm(A, B, bias_grad=True)
+    with pytest.raises(ValueError, match="bias has shape"):
+        ops.general_gemm(A, B, bias=randn((15,), torch.bfloat16, device))
+    A8, A_si = fp8_operand((16, 32), "e4m3", device, 1)
+    B8, _ = fp8_operand((16, 32), "e4m3", device, 2)
+    with pytest.raises(ValueError, match="B_scale_inv is required"):
+        ops.general_gemm(A8, B8, A_scale_inv=A_si)
+    E5, E5_si = fp8_operand((16, 32), "e5m2", device, 3)
+    with pytest.raises(NotImplementedError, match="e5m2 x float8_e5m2"):
+        ops.general_gemm(E5, E5, A_scale_inv=E5_si, B_scale_inv=E5_si)
+    with pytest.raises(ValueError, match="out_scale is required"):
+        ops.general_gemm(A8, B8, native.fp8_dtype("e4m3", device), A_scale_inv=A_si, B_scale_inv=A_si)
+
+
+# ----- native only: C API errors through the binding, graph capture ---------------------------
+
+@requires_native_gpu
+def test_native_refuses_fp8_odd_dims_and_accumulate_into_fp8():
+    mod = native.native_for_torch()
+    A8, A_si = fp8_operand((24, 32), "e4m3", "cuda", 1)
+    B8, B_si = fp8_operand((16, 32), "e4m3", "cuda", 2)
+    out = torch.empty((16, 24), dtype=torch.bfloat16, device="cuda")
+    ws = gemm_mod.gemm_workspace(torch.device("cuda"))
+    stream = native.stream_of(A8)
+    with pytest.raises(ValueError, match="nvte_gemm: FP8 GEMM needs m, n and k to be multiples of 16"):
+        mod.gemm(native.describe(A8, scale_inv=A_si), True, native.describe(B8, scale_inv=B_si),
+                 False, native.describe(out), None, None, 0, 1.0, 0.0, True, ws.data_ptr(),
+                 ws.numel(), stream)
+    A8, A_si = fp8_operand((32, 32), "e4m3", "cuda", 1)
+    out8 = torch.empty((16, 32), dtype=torch.float8_e4m3fn, device="cuda")
+    one = torch.ones(1, device="cuda")
+    with pytest.raises(ValueError, match="accumulates into D"):
+        mod.gemm(native.describe(A8, scale_inv=A_si), True, native.describe(B8, scale_inv=B_si),
+                 False, native.describe(out8, scale=one), None, None, 0, 1.0, 1.0, True,
+                 ws.data_ptr(), ws.numel(), stream)
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemm_cuda_graph_capture(fp8):
+    """Captured GEMMs (with an epilogue) replay to the eager result: no host sync, no allocation
+    by the library, descriptors reused."""
+    m, n, k = 256, 128, 192
+    if fp8:
+        A, A_si, B, B_si = fp8_case("cuda", "TN", m, n, k, ("e4m3", "e4m3"), seed=4)
+    else:
+        A, B = operands("TN", m, n, k, torch.bfloat16, "cuda", 4)
+        A_si = B_si = None
+    bias = randn((m,), torch.bfloat16, "cuda", seed=5)
+
+    def call():
+        return ops.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
+                                B_scale_inv=B_si, bias=bias, gelu=True)
+    eager = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        call()  # warm the plan cache outside capture, as frameworks do
+        with torch.cuda.graph(graph):
+            captured = call()
+    torch.cuda.current_stream().wait_stream(stream)
+    captured.out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.out, eager.out)
+    assert torch.equal(captured.gelu_input, eager.gelu_input)
