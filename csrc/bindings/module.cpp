@@ -42,4 +42,6 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_cast(m);
   te_py::register_recipe(m);
   te_py::register_gemm(m);
+  te_py::register_activation(m);
+  te_py::register_rope(m);
 }

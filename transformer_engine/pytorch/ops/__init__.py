@@ -4,3 +4,5 @@ from .cast import (  # noqa: F401
     transpose)
 from .scaling import delayed_scaling_update, delayed_scaling_update_reference  # noqa: F401
 from .gemm import GemmOutput, gemm_reference, general_gemm  # noqa: F401
+from .activation import activation_backward, activation_forward, apply_activation, dbias_dactivation  # noqa: F401,E501
+from .rope import apply_rotary_pos_emb, rope_backward, rope_forward, rope_reference  # noqa: F401

@@ -1,0 +1,71 @@
+// Host-side interface between the C entry points (activation.cu) and the per-activation
+// instantiation files (gelu.cu, relu.cu, ...). Keeping the kernels behind this small interface
+// lets each activation compile in its own translation unit, in parallel, while the argument
+// checks live once in activation.cu.
+#pragma once
+
+#include <stdint.h>
+
+#include "transformer_engine/activation.h"
+
+namespace te {
+namespace act {
+
+enum class Kind { kForward, kBackward, kGatedForward, kGatedBackward };
+
+// Plain kinds view the tensors as rows * cols elements. Gated kinds: cols is N, the width of the
+// output (forward) or of grad (backward); the input and dx rows hold 2N values.
+struct ElementwiseArgs {
+  Kind kind;
+  const void* grad;  // backward kinds only
+  const void* input;
+  void* output;
+  int64_t rows, cols;
+  NVTEDType in_dtype, out_dtype;
+  const float* scale;  // FP8 output only
+  float* amax;
+  float* scale_inv;
+  NVTEStream stream;
+};
+
+struct DbiasArgs {
+  const void* grad;
+  const void* input;
+  void* output;  // dx
+  int64_t rows, cols;
+  NVTEDType in_dtype, out_dtype;
+  const float* scale;
+  float* amax;
+  float* scale_inv;
+  void* dbias;
+  NVTEDType dbias_dtype;
+  float* workspace;  // [row_blocks, cols] fp32 partial column sums
+  NVTEStream stream;
+};
+
+// Threads per block of every activation kernel.
+constexpr int kActThreads = 256;
+
+// Shape of a first-stage dbias block: 32 column threads x kDbiasRowThreads row threads, each
+// keeping kDbiasRowUnroll rows in flight.
+constexpr int kDbiasRowThreads = 8;
+constexpr int kDbiasRowUnroll = 4;
+
+// Rows summed by one block of the first dbias stage, and the resulting number of partial rows
+// (the workspace is [dbias_row_blocks(rows), cols] fp32). Depends on the shape alone, so the
+// size query and the real call agree.
+int64_t dbias_rows_per_block(int64_t rows);
+int64_t dbias_row_blocks(int64_t rows);
+
+// Second dbias stage (does not depend on the activation): dbias[c] = sum_b partial[b, c].
+void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtype,
+                         int64_t row_blocks, int64_t cols, NVTEStream stream);
+
+// Blocks of 256 threads for a grid-stride loop over work_items items.
+int elementwise_grid(int64_t work_items);
+
+template <NVTEActivation A> void launch_elementwise(const ElementwiseArgs& args);
+template <NVTEActivation A> void launch_dbias(const DbiasArgs& args);
+
+}  // namespace act
+}  // namespace te

@@ -1,0 +1,225 @@
+"""Activations (gelu, relu, qgelu, srelu, silu), their gated forms (geglu, reglu, qgeglu, sreglu,
+swiglu), backward passes and the fused dbias + dact, with optional FP8 outputs.
+
+Gated convention: the input's last dim holds 2N values; the FIRST half goes through the
+activation, the SECOND half is the linear gate: y = act(x[..., :N]) * x[..., N:].
+
+Each op runs the native kernel for CUDA/ROCm tensors when the native core is built for this
+torch and the plain-torch reference (defined here) otherwise. Both compute in fp32 and round once
+to the output dtype; an FP8 output is quantize(fp32 result) exactly as ops.quantize does, with
+amax = max|fp32 result|.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import native
+from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
+from .cast import quantize_reference
+
+# Code of each base activation in the C API (NVTEActivation) and the gated name of each.
+ACTIVATIONS = {"gelu": 0, "relu": 1, "qgelu": 2, "srelu": 3, "silu": 4}
+GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "swiglu": "silu"}
+
+
+# ----- references ------------------------------------------------------------------------------
+
+def _base_fn(name):
+    return {
+        "gelu": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
+        "srelu": lambda x: F.relu(x) ** 2,
+        "silu": F.silu,
+    }[name]
+
+
+def activation_fp32_reference(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The activation `name` (plain or gated) of x in fp32, differentiable."""
+    xf = x.float()
+    if name in GATED:
+        a, b = xf.chunk(2, dim=-1)
+        return _base_fn(GATED[name])(a) * b
+    return _base_fn(name)(xf)
+
+
+def activation_reference(x: torch.Tensor, name: str) -> torch.Tensor:
+    """act(x) computed in fp32 and rounded once to x.dtype (differentiable)."""
+    return activation_fp32_reference(x, name).to(x.dtype)
+
+
+def dactivation_fp32_reference(grad: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
+    """dx in fp32: torch autograd of the fp32 reference at x, applied to grad."""
+    with torch.enable_grad():
+        xf = x.detach().float().requires_grad_(True)
+        y = activation_fp32_reference(xf, name)
+        (dx,) = torch.autograd.grad(y, xf, grad.float())
+    return dx
+
+
+def dbias_dactivation_reference(grad, x, name, dbias_dtype=None):
+    """(dx in fp32, dbias = column sums of the fp32 dx, in dbias_dtype (default x.dtype))."""
+    dx = dactivation_fp32_reference(grad, x, name)
+    cols = x.shape[-1] if x.dim() else 1
+    dbias = dx.reshape(-1, cols).sum(0)
+    return dx, dbias.to(dbias_dtype or x.dtype)
+
+
+# ----- ops -------------------------------------------------------------------------------------
+
+def _check_name(op, name, allow_gated=True):
+    names = list(ACTIVATIONS) + (list(GATED) if allow_gated else [])
+    if name not in names:
+        raise ValueError(f"{op}: activation is {name!r}; expected one of {', '.join(names)}")
+
+
+def _gated_shapes(op, x, name):
+    if name in GATED and (x.dim() == 0 or x.shape[-1] % 2):
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; gated activation {name} expects "
+                         "an even last dimension [..., 2*N]")
+
+
+def _make_output(op, shape, like, fp8_dtype, scale, amax, scale_inv):
+    """Output tensor and, for FP8, the checked/created scale_inv."""
+    if fp8_dtype is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device), None
+    check_fp8_dtype(op, fp8_dtype, like.device)
+    if scale is None:
+        raise ValueError(f"{op}: an FP8 output (fp8_dtype={fp8_dtype}) needs a scale")
+    check_scalar_fp32(op, "scale", scale, like.device)
+    if amax is not None:
+        check_scalar_fp32(op, "amax", amax, like.device)
+    if scale_inv is None:
+        scale_inv = torch.empty(1, dtype=torch.float32, device=like.device)
+    else:
+        check_scalar_fp32(op, "scale_inv", scale_inv, like.device)
+    return torch.empty(shape, dtype=fp8_dtype, device=like.device), scale_inv
+
+
+def _finish_reference(out, value_fp32, fp8_dtype, scale, amax, scale_inv):
+    """Writes the fp32 reference result into out (rounded, or quantized with its metadata)."""
+    if fp8_dtype is None:
+        out.copy_(value_fp32.to(out.dtype))
+        return
+    data, ref_si, ref_amax = quantize_reference(value_fp32, scale, fp8_dtype)
+    out.copy_(data)
+    scale_inv.copy_(ref_si.reshape(scale_inv.shape))
+    if amax is not None:
+        merged = ref_amax if torch.isnan(ref_amax).any() else torch.maximum(amax.reshape(1), ref_amax)
+        amax.copy_(merged.reshape(amax.shape))
+
+
+def activation_forward(x: torch.Tensor, name: str, fp8_dtype: Optional[torch.dtype] = None,
+                       scale: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None,
+                       scale_inv: Optional[torch.Tensor] = None):
+    """y = act(x) (plain names) or act(x[..., :N]) * x[..., N:] (gated names).
+
+    Returns y in x.dtype, or (y_fp8, scale_inv) when fp8_dtype is given (scale required; amax,
+    if given, is updated in place with max|y| before scaling).
+    """
+    op = f"activation_forward({name})"
+    _check_name(op, name)
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    _gated_shapes(op, x, name)
+    shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if name in GATED else tuple(x.shape)
+    out, scale_inv = _make_output(op, shape, x, fp8_dtype, scale, amax, scale_inv)
+    if native.use_native(x):
+        mod = native.native_for_torch()
+        fn = mod.gated_activation if name in GATED else mod.activation
+        fn(ACTIVATIONS[GATED.get(name, name)], native.describe(x),
+           native.describe(out, amax, scale, scale_inv), native.stream_of(x))
+    else:
+        _finish_reference(out, activation_fp32_reference(x, name), fp8_dtype, scale, amax, scale_inv)
+    return out if fp8_dtype is None else (out, scale_inv)
+
+
+def activation_backward(grad: torch.Tensor, x: torch.Tensor, name: str,
+                        fp8_dtype: Optional[torch.dtype] = None,
+                        scale: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None,
+                        scale_inv: Optional[torch.Tensor] = None):
+    """dx for y = activation_forward(x, name): grad has y's shape, x is the forward input.
+
+    Returns dx in x.dtype, or (dx_fp8, scale_inv) when fp8_dtype is given.
+    """
+    op = f"activation_backward({name})"
+    _check_name(op, name)
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    check_tensor(op, "grad", grad, (x.dtype,))
+    _gated_shapes(op, x, name)
+    want = tuple(x.shape[:-1]) + (x.shape[-1] // 2,) if name in GATED else tuple(x.shape)
+    if tuple(grad.shape) != want or grad.device != x.device:
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)} on {grad.device}; expected "
+                         f"{want} on {x.device}")
+    out, scale_inv = _make_output(op, tuple(x.shape), x, fp8_dtype, scale, amax, scale_inv)
+    if native.use_native(x):
+        mod = native.native_for_torch()
+        fn = mod.dgated_activation if name in GATED else mod.dactivation
+        fn(ACTIVATIONS[GATED.get(name, name)], native.describe(grad), native.describe(x),
+           native.describe(out, amax, scale, scale_inv), native.stream_of(x))
+    else:
+        _finish_reference(out, dactivation_fp32_reference(grad, x, name), fp8_dtype, scale, amax,
+                          scale_inv)
+    return out if fp8_dtype is None else (out, scale_inv)
+
+
+def dbias_dactivation(grad: torch.Tensor, x: torch.Tensor, name: str,
+                      dbias_dtype: Optional[torch.dtype] = None,
+                      fp8_dtype: Optional[torch.dtype] = None,
+                      scale: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None,
+                      scale_inv: Optional[torch.Tensor] = None):
+    """Fused backward of act(x + bias) for the plain activations: dx = grad * act'(x) and
+    dbias = dx summed over all rows (fp32 sums of the unrounded dx), in one pass.
+
+    Returns (dx, dbias), or (dx_fp8, dbias, scale_inv) when fp8_dtype is given.
+    """
+    op = f"dbias_dactivation({name})"
+    _check_name(op, name, allow_gated=False)
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    check_tensor(op, "grad", grad, (x.dtype,))
+    if grad.shape != x.shape or grad.device != x.device:
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)} on {grad.device}; expected "
+                         f"{tuple(x.shape)} on {x.device} like x")
+    dbias_dtype = dbias_dtype or x.dtype
+    if dbias_dtype not in native.HP_DTYPES:
+        raise ValueError(f"{op}: dbias_dtype is {dbias_dtype}; expected float32, float16 or bfloat16")
+    cols = x.shape[-1] if x.dim() else 1
+    out, scale_inv = _make_output(op, tuple(x.shape), x, fp8_dtype, scale, amax, scale_inv)
+    dbias = torch.empty(cols, dtype=dbias_dtype, device=x.device)
+    if native.use_native(x):
+        mod = native.native_for_torch()
+        code = ACTIVATIONS[name]
+        args = (native.describe(grad), native.describe(x),
+                native.describe(out, amax, scale, scale_inv), native.describe(dbias))
+        ws_shape = mod.dbias_dactivation_workspace(code, *args)
+        ws = torch.empty(ws_shape, dtype=torch.float32, device=x.device)
+        mod.dbias_dactivation(code, *args, native.describe(ws), native.stream_of(x))
+    else:
+        dx, ref_dbias = dbias_dactivation_reference(grad, x, name, dbias_dtype)
+        _finish_reference(out, dx, fp8_dtype, scale, amax, scale_inv)
+        dbias.copy_(ref_dbias)
+    return (out, dbias) if fp8_dtype is None else (out, dbias, scale_inv)
+
+
+class _Activation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, name):
+        ctx.save_for_backward(x)
+        ctx.name = name
+        return activation_forward(x, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return activation_backward(grad.contiguous(), x, ctx.name), None
+
+
+def apply_activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Differentiable act(x) (plain or gated name): native forward and backward kernels on a
+    supported GPU, autograd of the reference elsewhere."""
+    if native.use_native(x):
+        return _Activation.apply(x, name)
+    _check_name(f"apply_activation({name})", name)
+    return activation_reference(x, name)
