@@ -22,7 +22,7 @@ STAMP_FILE=.te-rocm-sysroot-stamp
 # What goes in. Changing this list (or RECIPE_VERSION) changes the stamp and forces a rebuild.
 RECIPE_VERSION=1
 PACKAGES=(
-  hipcc libamdhip64-dev rocm-device-libs
+  hipcc libamdhip64-dev rocm-device-libs-21
   librocblas-dev libhipblaslt-dev libhipblas-common-dev
   cmake ninja-build python3-dev python3-pybind11 pybind11-dev
   binutils
@@ -152,7 +152,7 @@ big=$(find "$SYSROOT/usr/lib" -type f \( -name '*.co' -o -name '*.hsaco' -o -nam
   echo "key=$KEY"
   echo "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   in_root dpkg-query -W -f='${Package}=${Version}\n' hipcc libamdhip64-dev librocblas-dev \
-    libhipblaslt-dev rocm-device-libs cmake python3 2>/dev/null | sort
+    libhipblaslt-dev rocm-device-libs-21 cmake python3 2>/dev/null | sort || true
 } > "$SYSROOT/$STAMP_FILE.tmp"
 mv "$SYSROOT/$STAMP_FILE.tmp" "$SYSROOT/$STAMP_FILE"
 

@@ -48,6 +48,27 @@ def _cmake() -> str:
     return exe
 
 
+def _rocm_compiler_args(hipcc: str) -> list:
+    """CMake's HIP language needs ROCm's clang++ (not the hipcc wrapper); hipconfig knows where
+    it is (/opt/rocm/llvm/bin, or /usr/lib/llvm-N/bin on distribution packages). The C++ sources
+    use the same clang unless CXX is set. HIPCXX, when set, is left to CMake."""
+    if os.environ.get("HIPCXX"):
+        return []
+    hipconfig = os.path.join(os.path.dirname(hipcc), "hipconfig")
+    try:
+        clang_dir = subprocess.run([hipconfig, "--hipclangpath"], check=True, text=True,
+                                   capture_output=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return []  # let CMake search
+    clangxx = os.path.join(clang_dir, "clang++")
+    if not os.path.exists(clangxx):
+        return []
+    args = [f"-DCMAKE_HIP_COMPILER={clangxx}"]
+    if not os.environ.get("CXX"):
+        args.append(f"-DCMAKE_CXX_COMPILER={clangxx}")
+    return args
+
+
 def configure_args(plan: BuildPlan, build_dir: str) -> list:
     args = [
         f"-DNVTE_BACKEND={plan.backend}",
@@ -64,13 +85,22 @@ def configure_args(plan: BuildPlan, build_dir: str) -> list:
         if shutil.which("ccache"):
             args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
     elif plan.backend == "rocm":
-        from .hipify_stage import hipify_tree
-        hip_dir = os.path.join(build_dir, "hipified", "common")
-        hipify_tree(os.path.join(ROOT, "csrc", "common"), hip_dir)
+        hip_dir = os.environ.get("NVTE_HIPIFIED_DIR")
+        if hip_dir:
+            # Hipified elsewhere (the sysroot build hipifies on the host, where torch is, and
+            # compiles in a chroot without torch).
+            if not os.path.isfile(os.path.join(hip_dir, "sources.txt")):
+                raise RuntimeError(f"NVTE_HIPIFIED_DIR={hip_dir} holds no sources.txt: "
+                                   "run python -m build_tools.hipify_stage first")
+        else:
+            from .hipify_stage import hipify_tree
+            hip_dir = os.path.join(build_dir, "hipified", "common")
+            hipify_tree(os.path.join(ROOT, "csrc", "common"), hip_dir)
         rocm = os.path.dirname(os.path.dirname(plan.compiler))
         args += [f"-DNVTE_ROCM_ARCH={plan.archs}", f"-DNVTE_HIPIFIED_DIR={hip_dir}",
                  f"-DCMAKE_PREFIX_PATH={rocm}",
                  f"-DNVTE_DEFAULT_HIPBLASLT={int(plan.default_hipblaslt)}"]
+        args += _rocm_compiler_args(plan.compiler)
     return args
 
 

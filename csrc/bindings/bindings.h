@@ -23,6 +23,7 @@ void register_device(py::module_& m);
 void register_cast(py::module_& m);
 void register_recipe(py::module_& m);
 void register_gemm(py::module_& m);
+void register_gemm_library(py::module_& m);
 void register_activation(py::module_& m);
 void register_rope(py::module_& m);
 

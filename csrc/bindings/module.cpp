@@ -42,6 +42,7 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_cast(m);
   te_py::register_recipe(m);
   te_py::register_gemm(m);
+  te_py::register_gemm_library(m);
   te_py::register_activation(m);
   te_py::register_rope(m);
 }

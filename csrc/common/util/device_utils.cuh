@@ -34,7 +34,8 @@ template <> struct Convert<fp16> {
 };
 template <> struct Convert<bf16> {
   __device__ static float to_float(bf16 v) { return __bfloat162float(v); }
-  __device__ static bf16 from_float(float v) { return __float2bfloat16_rn(v); }
+  // __float2bfloat16 rounds to nearest even on both vendors (HIP has no _rn spelling).
+  __device__ static bf16 from_float(float v) { return __float2bfloat16(v); }
 };
 template <> struct Convert<fp8e4m3> {
   __device__ static float to_float(fp8e4m3 v) { return fp8_bits_to_float(v.bits, fp8e4m3{}); }
