@@ -22,6 +22,8 @@ inline NVTEStream stream_from_int(uintptr_t s) { return reinterpret_cast<NVTEStr
 void register_device(py::module_& m);
 void register_cast(py::module_& m);
 void register_recipe(py::module_& m);
+void register_normalization(py::module_& m);
+void register_softmax(py::module_& m);
 void register_gemm(py::module_& m);
 void register_gemm_library(py::module_& m);
 void register_activation(py::module_& m);

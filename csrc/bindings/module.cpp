@@ -41,6 +41,8 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_device(m);
   te_py::register_cast(m);
   te_py::register_recipe(m);
+  te_py::register_normalization(m);
+  te_py::register_softmax(m);
   te_py::register_gemm(m);
   te_py::register_gemm_library(m);
   te_py::register_activation(m);

@@ -1,0 +1,233 @@
+// LayerNorm / RMSNorm forward kernels and their launcher, instantiated per input dtype by
+// fwd_<dtype>.cu.
+//
+// Register path (cols a multiple of the 16-byte chunk, aligned pointers, row short enough): each
+// row is read from DRAM once into registers, its mean and variance are computed from the
+// registers in two passes (exact, no E[x^2] - E[x]^2 cancellation), and the output is written
+// once, optionally quantised to FP8 on the way out. The general path handles every other shape
+// with scalar accesses, re-reading the row (from cache) in each pass.
+#pragma once
+
+#include "normalization/norm_kernels.cuh"
+
+namespace te {
+namespace norm {
+
+template <typename T, typename W, typename O>
+struct FwdArgs {
+  const T* x;
+  const W* gamma;
+  const W* beta;
+  O* z;
+  float* mu;
+  float* rsigma;
+  int64_t rows;
+  int cols;
+  int tpr;
+  float epsilon;
+  float gamma_shift;  // 1 with zero_centered_gamma, else 0
+  const float* scale;
+  float* amax;
+  float* scale_inv;
+};
+
+template <typename O>
+constexpr bool is_fp8_type() {
+  return sizeof(O) == 1;
+}
+
+// FP8 epilogue shared by both paths: scale_inv from block 0, block amax folded into *amax.
+template <typename O>
+__device__ __forceinline__ void finish_fp8(float amax, const float* scale, float* amax_ptr,
+                                           float* scale_inv, float* scratch) {
+  if (scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / *scale;
+  if (amax_ptr != nullptr) {
+    amax = block_reduce_max(amax, scratch);
+    if (threadIdx.x == 0) atomic_max_nonneg(amax_ptr, amax);
+  }
+}
+
+template <typename T, typename W, typename O, bool kRms, int kIters>
+__global__ void __launch_bounds__(1024) norm_fwd_register_kernel(FwdArgs<T, W, O> a) {
+  constexpr int kN = 16 / sizeof(T);
+  constexpr bool kFp8 = is_fp8_type<O>();
+  __shared__ float red[2][kMaxWarps];
+  __shared__ float scratch[kMaxWarps + 1];
+  const int tpr = a.tpr;
+  const int t = threadIdx.x & (tpr - 1);
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const bool valid = row < a.rows;
+  const int cols = a.cols;
+  const T* x = a.x + row * cols;
+
+  // All loads first so that kIters 16-byte requests per thread are in flight together.
+  float v[kIters][kN];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = (it * tpr + t) * kN;
+    if (valid && c < cols) {
+      load_floats<T, kN>(x + c, v[it]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) v[it][k] = 0.f;
+    }
+  }
+
+  float mean = 0.f;
+  if (!kRms) {
+    float s[1] = {0.f};
+#pragma unroll
+    for (int it = 0; it < kIters; ++it)
+#pragma unroll
+      for (int k = 0; k < kN; ++k) s[0] += v[it][k];
+    row_sum<1>(s, tpr, red[0]);
+    mean = s[0] / cols;
+  }
+  float q[1] = {0.f};
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    if ((it * tpr + t) * kN < cols) {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const float d = v[it][k] - mean;
+        q[0] += d * d;
+      }
+    }
+  }
+  row_sum<1>(q, tpr, red[1]);
+  const float rs = 1.f / sqrtf(q[0] / cols + a.epsilon);
+  if (valid && t == 0) {
+    if (!kRms && a.mu != nullptr) a.mu[row] = mean;
+    if (a.rsigma != nullptr) a.rsigma[row] = rs;
+  }
+
+  const float scale = kFp8 ? *a.scale : 1.f;
+  float amax = 0.f;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = (it * tpr + t) * kN;
+    if (valid && c < cols) {
+      float g[kN], b[kN];
+      load_floats<W, kN>(a.gamma + c, g);
+      if (!kRms) load_floats<W, kN>(a.beta + c, b);
+      float y[kN];
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        float out = (v[it][k] - mean) * rs * (g[k] + a.gamma_shift);
+        if (!kRms) out += b[k];
+        if (kFp8) {
+          amax = amax_step(amax, out);
+          out *= scale;
+        }
+        y[k] = out;
+      }
+      store_floats<O, kN>(a.z + row * cols + c, y);
+    }
+  }
+  if (kFp8) finish_fp8<O>(amax, a.scale, a.amax, a.scale_inv, scratch);
+}
+
+// Any cols, any alignment: three strided passes over the row (sum, squared deviations, output).
+template <typename T, typename W, typename O, bool kRms>
+__global__ void __launch_bounds__(1024) norm_fwd_general_kernel(FwdArgs<T, W, O> a) {
+  constexpr bool kFp8 = is_fp8_type<O>();
+  __shared__ float red[2][kMaxWarps];
+  __shared__ float scratch[kMaxWarps + 1];
+  const int tpr = a.tpr;
+  const int t = threadIdx.x & (tpr - 1);
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const bool valid = row < a.rows;
+  const int cols = valid ? a.cols : 0;  // rows past the end run the barriers with no data
+  const T* x = a.x + row * a.cols;
+
+  float mean = 0.f;
+  if (!kRms) {
+    float s[1] = {0.f};
+    for (int c = t; c < cols; c += tpr) s[0] += to_float(x[c]);
+    row_sum<1>(s, tpr, red[0]);
+    mean = s[0] / a.cols;
+  }
+  float q[1] = {0.f};
+  for (int c = t; c < cols; c += tpr) {
+    const float d = to_float(x[c]) - mean;
+    q[0] += d * d;
+  }
+  row_sum<1>(q, tpr, red[1]);
+  const float rs = 1.f / sqrtf(q[0] / a.cols + a.epsilon);
+  if (valid && t == 0) {
+    if (!kRms && a.mu != nullptr) a.mu[row] = mean;
+    if (a.rsigma != nullptr) a.rsigma[row] = rs;
+  }
+  const float scale = kFp8 ? *a.scale : 1.f;
+  float amax = 0.f;
+  for (int c = t; c < cols; c += tpr) {
+    float out = (to_float(x[c]) - mean) * rs * (to_float(a.gamma[c]) + a.gamma_shift);
+    if (!kRms) out += to_float(a.beta[c]);
+    if (kFp8) {
+      amax = amax_step(amax, out);
+      out *= scale;
+    }
+    a.z[row * a.cols + c] = from_float<O>(out);
+  }
+  if (kFp8) finish_fp8<O>(amax, a.scale, a.amax, a.scale_inv, scratch);
+}
+
+template <typename T, typename W, typename O, bool kRms>
+void launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
+  constexpr int kN = 16 / sizeof(T);
+  FwdArgs<T, W, O> a{static_cast<const T*>(p.x), static_cast<const W*>(p.gamma),
+                     static_cast<const W*>(p.beta), static_cast<O*>(p.z), p.mu, p.rsigma,
+                     p.rows, static_cast<int>(p.cols), 0, p.epsilon,
+                     p.zero_centered_gamma ? 1.f : 0.f, p.scale, p.amax, p.scale_inv};
+  constexpr bool kFp8 = is_fp8_type<O>();
+  // Nothing to do for no rows, except that an FP8 output still gets its scale_inv written.
+  if (p.rows == 0 && !kFp8) return;
+  const bool vectorizable = p.cols % kN == 0 && aligned16(p.x) && aligned16(p.gamma) &&
+                            (kRms || aligned16(p.beta)) && aligned16(p.z);
+  RowLayout layout;
+  if (vectorizable && pick_register_layout(p.cols / kN, kMaxIters, kMaxTpr, &layout)) {
+    a.tpr = layout.tpr;
+    const int block = layout.tpr > 128 ? layout.tpr : 128;
+    const int grid = p.rows == 0 ? 1 : blocks_for(p.rows, block / layout.tpr);
+    switch (layout.iters) {
+      case 1: norm_fwd_register_kernel<T, W, O, kRms, 1><<<grid, block, 0, stream>>>(a); break;
+      case 2: norm_fwd_register_kernel<T, W, O, kRms, 2><<<grid, block, 0, stream>>>(a); break;
+      case 3: norm_fwd_register_kernel<T, W, O, kRms, 3><<<grid, block, 0, stream>>>(a); break;
+      default: norm_fwd_register_kernel<T, W, O, kRms, 4><<<grid, block, 0, stream>>>(a); break;
+    }
+    check_launch("norm_fwd_register_kernel");
+    return;
+  }
+  a.tpr = general_tpr(p.cols);
+  const int block = a.tpr > 128 ? a.tpr : 128;
+  const int grid = p.rows == 0 ? 1 : blocks_for(p.rows, block / a.tpr);
+  norm_fwd_general_kernel<T, W, O, kRms><<<grid, block, 0, stream>>>(a);
+  check_launch("norm_fwd_general_kernel");
+}
+
+template <typename T, typename W>
+void launch_fwd_for_weight(const NormFwdParams& p, cudaStream_t stream) {
+  auto run = [&](auto out_tag) {
+    using O = decltype(out_tag);
+    if (p.rms)
+      launch_fwd<T, W, O, true>(p, stream);
+    else
+      launch_fwd<T, W, O, false>(p, stream);
+  };
+  switch (p.z_type) {
+    case kNVTEFloat8E4M3: run(fp8e4m3{}); break;
+    case kNVTEFloat8E5M2: run(fp8e5m2{}); break;
+    default: run(T{}); break;  // the entry point admits only x's dtype besides FP8
+  }
+}
+
+template <typename T>
+void launch_norm_fwd_typed(const NormFwdParams& p, cudaStream_t stream) {
+  if (p.w_type == kNVTEFloat32)
+    launch_fwd_for_weight<T, float>(p, stream);
+  else
+    launch_fwd_for_weight<T, T>(p, stream);
+}
+
+}  // namespace norm
+}  // namespace te
