@@ -126,7 +126,8 @@ struct Plan {
 };
 
 // The C matrix is D itself (read only when beta != 0). For an FP8 D, cuBLASLt wants a 16-bit C
-// type (the bias's when there is one); beta is 0 then, so C is never read.
+// type (the bias's when there is one) in a buffer other than D; beta is 0 then, so C is never
+// read (see GemmArgs::fp8_out_c).
 NVTEDType c_type_of(const GemmArgs& g) {
   if (!is_fp8_type(g.d_type)) return g.d_type;
   return epilogue_uses_bias(g.epilogue) ? g.bias_type : kNVTEBFloat16;
@@ -267,7 +268,8 @@ void backend_run(const GemmArgs& g) {
   cublasLtHandle_t handle = device_state(device).handle;
   const Plan& plan = plan_for(g, device, handle);
   set_data_pointers(plan, g);
-  check_cublas(cublasLtMatmul(handle, plan.desc, &g.alpha, g.a, plan.a, g.b, plan.b, &g.beta, g.d,
+  const void* c = is_fp8_type(g.d_type) ? g.fp8_out_c : g.d;
+  check_cublas(cublasLtMatmul(handle, plan.desc, &g.alpha, g.a, plan.a, g.b, plan.b, &g.beta, c,
                               plan.c, g.d, plan.d, &plan.algo, g.workspace, g.workspace_size,
                               reinterpret_cast<cudaStream_t>(g.stream)),
                "cublasLtMatmul");

@@ -78,27 +78,35 @@ void check_bf16(bool transa, bool transb, int64_t m, int64_t n, int64_t k, NVTEG
   auto got = from_bf16(dd.download());
   auto got_aux = from_bf16(daux.download());
   auto got_bias = from_bf16(dbias.download());
-  std::vector<double> bgrad(size_t(m), 0.0);
+  std::vector<double> bgrad(size_t(m), 0.0), bgrad_tol(size_t(m), 0.0);
   int bad = 0, bad_aux = 0;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < m; ++j) {
       const size_t idx = size_t(i * m + j);
       double r = want[idx] + beta * d0[idx];
-      if (epi == kNVTEGemmEpilogueBias || epi == kNVTEGemmEpilogueBiasGeluAux) r += bias[j];
+      // Libraries may round the summands to bf16 before adding them (beta != 0, the unfused
+      // epilogue), and the GELU epilogues use a hardware tanh (up to ~2e-3 absolute on gelu').
+      double atol = 1e-3 * std::sqrt(double(k)) + 1e-2 * (std::fabs(want[idx]) + std::fabs(beta * d0[idx]));
+      if (epi == kNVTEGemmEpilogueBias || epi == kNVTEGemmEpilogueBiasGeluAux) {
+        r += bias[j];
+        atol += 1e-2 * std::fabs(bias[j]);
+      }
+      if (epi != kNVTEGemmEpilogueNone && epi != kNVTEGemmEpilogueBias) atol += 5e-3 * std::fabs(r);
       if (epi == kNVTEGemmEpilogueGeluAux || epi == kNVTEGemmEpilogueBiasGeluAux) {
-        bad_aux += !close(got_aux[idx], r, 1.6e-2, 1e-3 * std::sqrt(double(k)));
+        bad_aux += !close(got_aux[idx], r, 1.6e-2, atol);
         r = gelu(float(r));
       }
       if (epi == kNVTEGemmEpilogueDGelu || epi == kNVTEGemmEpilogueDGeluBGrad) r *= dgelu(aux_in[idx]);
       bgrad[size_t(j)] += r;
-      bad += !close(got[idx], r, 1.6e-2, 1e-3 * std::sqrt(double(k)));
+      bgrad_tol[size_t(j)] += atol + 1e-2 * std::fabs(r);  // D may be summed after rounding
+      bad += !close(got[idx], r, 1.6e-2, atol);
     }
   TE_EXPECT(bad == 0 && bad_aux == 0, "%d D / %d aux mismatches, %s%s m=%lld n=%lld k=%lld epi %d",
             bad, bad_aux, transa ? "T" : "N", transb ? "T" : "N", (long long)m, (long long)n,
             (long long)k, int(epi));
   if (epi == kNVTEGemmEpilogueDGeluBGrad) {
     int bad_b = 0;
-    for (int64_t j = 0; j < m; ++j) bad_b += !close(got_bias[j], bgrad[j], 2e-2, 0.05 * std::sqrt(double(n)));
+    for (int64_t j = 0; j < m; ++j) bad_b += !close(got_bias[j], bgrad[j], 2e-2, bgrad_tol[j]);
     TE_EXPECT(bad_b == 0, "%d bias-gradient mismatches", bad_b);
   }
 }
@@ -133,7 +141,8 @@ TE_TEST(gemm_fp8_tn_matches_cpu) {
   if (compute_major() * 10 + compute_minor() < 89) return;  // no FP8 tensor cores
   Workspace ws;
   const int64_t m = 64, n = 32, k = 48;
-  auto a = random_floats(size_t(m * k), 5, 8.f), b = random_floats(size_t(n * k), 6, 8.f);
+  // |result * 2| stays well under 448, so saturation (library-defined) is not exercised here.
+  auto a = random_floats(size_t(m * k), 5, 4.f), b = random_floats(size_t(n * k), 6, 8.f);
   std::vector<uint8_t> qa(a.size()), qb(b.size()), qb4(b.size());
   std::vector<float> fa(a.size()), fb(b.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -165,7 +174,8 @@ TE_TEST(gemm_fp8_tn_matches_cpu) {
   auto want = cpu_gemm(fa, fb, true, false, m, n, k);
   auto got = dd.download();
   int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) bad += !close(got[i], want[i], 1e-5, 1e-3);
+  // FP8 tensor cores accumulate in fewer bits than fp32 even without fast accumulation.
+  for (size_t i = 0; i < got.size(); ++i) bad += !close(got[i], want[i], 2e-3, 2e-2);
   TE_EXPECT(bad == 0, "%d fp32-out mismatches", bad);
   std::vector<float> fb4(qb4.size());
   for (size_t i = 0; i < qb4.size(); ++i)

@@ -216,6 +216,7 @@ extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETens
       g.workspace = static_cast<char*>(workspace) + kInternalScratchBytes;
       g.workspace_size = workspace_size - kInternalScratchBytes;
     }
+    if (fp8_out && amax_scratch != nullptr) g.fp8_out_c = static_cast<char*>(workspace) + 128;
     if (fp8_out && D->amax != nullptr) {
       TE_CHECK_ARG(amax_scratch != nullptr, "an FP8 D with an amax needs a workspace of at least ",
                    kInternalScratchBytes, " bytes; got ", workspace_size);

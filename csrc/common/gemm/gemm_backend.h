@@ -43,6 +43,9 @@ struct GemmArgs {
   int64_t ldd = 1;
   const float* d_scale = nullptr;  // FP8 D only
   float* d_amax = nullptr;         // FP8 D only: the library *overwrites* it (null: not wanted)
+  // FP8 D only: what to pass as C. The libraries refuse C == D when C's type differs from D's
+  // (an FP8 D takes a 16-bit C); beta is 0 then, so this distinct pointer is never read.
+  const void* fp8_out_c = nullptr;
   void* bias = nullptr;            // input for Bias*, output for DGeluBGrad
   NVTEDType bias_type = kNVTEFloat32;
   void* aux = nullptr;  // GELU pre-activation: output for *GeluAux, input for DGelu*
