@@ -10,8 +10,9 @@
 #
 #   .ci/rocm_check.sh [--cuda-lib PATH | --cuda-symbols FILE] [--archs "gfx942;gfx90a;gfx950"]
 #
-# Without --cuda-lib/--cuda-symbols the CUDA library is built here with nvcc for the symbol
-# comparison; CI passes the one it has already built. Environment: TE_ROCM_SYSROOT (sysroot
+# Without --cuda-lib/--cuda-symbols (or NVTE_CUDA_SYMBOLS, a file of the CUDA build's nvte_*
+# names) the CUDA library is built here with nvcc for the symbol comparison; CI passes the list
+# of the one it has already built. Environment: TE_ROCM_SYSROOT (sysroot
 # path, default /var/cache/te-rocm-sysroot), TE_ROCM_BUILD_DIR (default build/rocm),
 # PYTHON (a Python with torch, for hipify; default python3), MAX_JOBS.
 set -euo pipefail
@@ -26,9 +27,16 @@ echo "== ROCm sysroot: $SYSROOT"
 .ci/rocm_sysroot.sh "$SYSROOT"
 sysroot_s=$(( $(date +%s) - start ))
 
+extra=()
+case " $* " in
+  *" --cuda-lib"*|*" --cuda-symbols"*) ;;
+  *) if [ -n "${NVTE_CUDA_SYMBOLS:-}" ]; then extra=(--cuda-symbols "$NVTE_CUDA_SYMBOLS"); fi;;
+esac
+
 echo "== ROCm build and checks (build dir $BUILD_DIR)"
 rc=0
-"$PYTHON" -m build_tools.rocm_check --sysroot "$SYSROOT" --build-dir "$BUILD_DIR" "$@" || rc=$?
+"$PYTHON" -m build_tools.rocm_check --sysroot "$SYSROOT" --build-dir "$BUILD_DIR" "${extra[@]}" "$@" \
+  || rc=$?
 
 echo "== ROCm check: sysroot ${sysroot_s} s, total $(( $(date +%s) - start )) s, exit $rc"
 if [ "$rc" -ne 0 ]; then

@@ -81,7 +81,8 @@ sysroot_ok() {
   done
 }
 
-exec 9>"${SYSROOT%/}.lock"
+# The same lock guards use (build_tools/rocm_sysroot.py holds it while it has mounts inside).
+exec 9>>"${SYSROOT%/}.lock"
 flock -w 1800 9 || die "another run holds ${SYSROOT%/}.lock"
 
 if sysroot_ok; then

@@ -78,7 +78,8 @@ def check_twins(common_dir: str, hip_dir: str) -> list:
         elif not os.path.isfile(os.path.join(hip_dir, found[0])):
             problems.append(f"{rel}: twin {found[0]} is listed but missing from {hip_dir}")
         elif rel.endswith(".cu") and not found[0].endswith(".hip"):
-            problems.append(f"{rel}: twin {found[0]} is not a .hip file (it would not compile as HIP)")
+            problems.append(f"{rel}: twin {found[0]} is not a .hip file "
+                            "(it would not compile as HIP)")
     for entry in sorted(listed):
         if not os.path.isfile(os.path.join(hip_dir, entry)):
             problems.append(f"sources.txt lists {entry}, which does not exist")
@@ -375,7 +376,8 @@ def _preprocess_public_headers(root, work: str) -> str:
     """The public C headers, all included once and run through the sysroot's C preprocessor
     (some declare entry points through macros)."""
     inc = os.path.join(COMMON_DIR, "include")
-    headers = sorted(f for f in os.listdir(os.path.join(inc, "transformer_engine")) if f.endswith(".h"))
+    headers = sorted(f for f in os.listdir(os.path.join(inc, "transformer_engine"))
+                     if f.endswith(".h"))
     probe = os.path.join(work, "all_headers.c")
     with open(probe, "w") as fh:
         fh.writelines(f'#include "transformer_engine/{h}"\n' for h in headers)
@@ -383,15 +385,19 @@ def _preprocess_public_headers(root, work: str) -> str:
                     capture=True).stdout
 
 
-def _exported_nvte(lib: str, nm: list) -> list:
-    out = subprocess.run(nm + ["-D", "--defined-only", lib], check=True, text=True,
-                         capture_output=True).stdout
+def parse_nvte_exports(nm_output: str) -> list:
+    """Defined, exported nvte_* functions from `nm -D --defined-only` output."""
     names = set()
-    for line in out.splitlines():
+    for line in nm_output.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[1] in "TW" and parts[2].startswith("nvte_"):
+        if len(parts) >= 3 and parts[1] in ("T", "W") and parts[2].startswith("nvte_"):
             names.add(parts[2].split("@")[0])
     return sorted(names)
+
+
+def _host_nm(lib: str) -> str:
+    return subprocess.run(["nm", "-D", "--defined-only", lib], check=True, text=True,
+                          capture_output=True).stdout
 
 
 def _cuda_symbols(args, report: Report) -> list | None:
@@ -414,8 +420,11 @@ def _cuda_symbols(args, report: Report) -> list | None:
         native_build(cuda_dir, plan=plan)
         print(f"[rocm_check] CUDA reference build in {time.time() - t0:.0f} s", flush=True)
         lib = os.path.join(cuda_dir, "libtransformer_engine.so")
-    host_nm = shutil.which("nm")
-    return _exported_nvte(lib, [host_nm]) if host_nm else None
+    if not shutil.which("nm"):
+        report.add("symbols", False, "nm (binutils) is not installed on the host: "
+                   "pass --cuda-symbols instead of --cuda-lib")
+        return None
+    return parse_nvte_exports(_host_nm(lib))
 
 
 def _stage_package(pkg_root: str, outputs: dict) -> None:
@@ -470,31 +479,18 @@ def existing_outputs(build_dir: str) -> dict:
             "hipified": os.path.join(build_dir, "hipified", "common"), "cmake_dir": cmake_dir}
 
 
-def run_checks(args) -> Report:
-    from .rocm_sysroot import Sysroot, build as sysroot_build
+def _llvm(tool: str) -> str:
+    return f"/usr/bin/{tool}{LLVM_SUFFIX}"
 
-    report = Report()
-    archs = [a for a in args.archs.replace(",", ";").split(";") if a]
-    t_start = time.time()
 
-    # --- build ---------------------------------------------------------------------------
-    t0 = time.time()
-    try:
-        if args.no_build:
-            outputs = existing_outputs(args.build_dir)
-        else:
-            outputs = sysroot_build(args.sysroot, args.build_dir, ";".join(archs))
-    except (subprocess.CalledProcessError, RuntimeError) as exc:
-        report.add("build", False, f"the sysroot build failed: {exc}")
-        return report
-    report.add("build", True, f"hipify + hipcc for {';'.join(archs)} in {time.time() - t0:.0f} s"
-               if not args.no_build else "reused the outputs of an earlier build (--no-build)")
-    hip_dir, lib, module = outputs["hipified"], outputs["library"], outputs["module"]
+# clang-offload-bundler runs llvm-objcopy by its plain name, which only LLVM's own bin folder
+# provides on Debian.
+_TOOLS_ENV = {"PATH": f"/usr/bin:/bin:/usr/lib/llvm{LLVM_SUFFIX}/bin"}
 
-    # --- hipify results ------------------------------------------------------------------
+
+def step_hipify(report: Report, hip_dir: str) -> None:
     problems = check_twins(COMMON_DIR, hip_dir)
-    n_src = len(common_sources())
-    report.add("twins", not problems, f"{n_src} csrc/common translation units, "
+    report.add("twins", not problems, f"{len(common_sources())} csrc/common translation units, "
                f"{len(problems)} without a hipified twin", problems)
     problems = check_no_cuda(hip_dir)
     report.add("no-cuda", not problems, f"{len(problems)} CUDA identifiers/includes left in "
@@ -504,124 +500,154 @@ def run_checks(args) -> Report:
                if not problems else f"{len(problems)} uses outside util/arch.h and csrc/hip/",
                problems)
 
-    # The CUDA build to compare exported symbols with (built here unless given).
-    cuda_syms = _cuda_symbols(args, report)
+
+def step_fatbin(report: Report, root, lib: str, work: str, archs: list) -> dict:
+    """Lists every offload bundle of .hip_fatbin; returns {arch: mangled kernel names}."""
+    fatbin = os.path.join(work, "hip_fatbin.bin")
+    root.run([_llvm("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", lib,
+              os.path.join(work, "discard.so")])
+    with open(fatbin, "rb") as fh:
+        bundles = split_bundles(fh.read())
+    per_arch = {a: [] for a in archs}
+    problems, listed = [], set()
+    for i, blob in enumerate(bundles):
+        path = os.path.join(work, f"bundle{i}.o")
+        with open(path, "wb") as fh:
+            fh.write(blob)
+        res = root.run([_llvm("clang-offload-bundler"), "--list", "--type=o", f"--input={path}"],
+                       env=_TOOLS_ENV, capture=True, check=False)
+        if res.returncode != 0:
+            problems.append(f"bundle {i}: clang-offload-bundler --list failed: {res.stdout[-300:]}")
+            continue
+        targets = res.stdout.split()
+        listed.update(targets)
+        for arch in archs:
+            target = next((t for t in targets if t.endswith(f"--{arch}")), None)
+            if target is None:
+                problems.append(f"bundle {i}: no code object for {arch} (has {targets})")
+                continue
+            co = os.path.join(work, f"bundle{i}-{arch}.co")
+            root.run([_llvm("clang-offload-bundler"), "--unbundle", "--type=o",
+                      f"--targets={target}", f"--input={path}", f"--output={co}"], env=_TOOLS_ENV)
+            notes = root.run([_llvm("llvm-readelf"), "--notes", co], capture=True).stdout
+            per_arch[arch] += parse_kernel_notes(notes)
+    gpu_targets = sorted(t.split("--")[-1] for t in listed if t.startswith("hip"))
+    report.add("fatbin", bool(bundles) and not problems,
+               f".hip_fatbin holds {len(bundles)} offload bundles; "
+               f"targets {', '.join(gpu_targets)}",
+               problems)
+    return per_arch
+
+
+def step_kernels(report: Report, root, per_arch: dict, archs: list) -> None:
+    families = kernel_families()
+    problems, lines = [], []
+    for arch in archs:
+        mangled = sorted(set(per_arch[arch]))
+        demangled = root.run([_llvm("llvm-cxxfilt")] + mangled, capture=True).stdout.splitlines() \
+            if mangled else []
+        found = match_families(families, demangled)
+        for fam, names in sorted(families.items()):
+            if not names:
+                lines.append(f"{arch} {fam}: defines/launches no kernel in its sources (skipped)")
+            elif not found[fam]:
+                problems.append(f"{arch} {fam}: none of {sorted(names)} in the code object")
+        if arch == archs[0]:
+            lines += [f"{fam}: {', '.join(found[fam])}" for fam in sorted(families) if found[fam]]
+            lines.append(f"{len(mangled)} kernels in the {arch} code objects")
+    report.add("kernels", not problems,
+               f"{len(families)} kernel families ({', '.join(sorted(families))}) present for "
+               f"{', '.join(archs)}" if not problems else f"{len(problems)} family/arch gaps",
+               problems + lines)
+
+
+def step_needed(report: Report, root, lib: str) -> None:
+    dyn = root.run(["readelf", "-d", lib], capture=True).stdout
+    needed = re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn)
+    missing = [n for n in REQUIRED_NEEDED if not any(x.startswith(n + ".so") for x in needed)]
+    report.add("needed", not missing, "NEEDED: " + ", ".join(needed),
+               [f"missing {m}" for m in missing])
+
+
+def step_symbols(report: Report, root, lib: str, work: str, cuda_syms, out_file: str) -> None:
+    rocm_syms = parse_nvte_exports(
+        root.run([_llvm("llvm-nm"), "-D", "--defined-only", lib], capture=True).stdout)
+    with open(out_file, "w") as fh:
+        fh.write("\n".join(rocm_syms) + "\n")
+    declared = declared_c_api(_preprocess_public_headers(root, work))
+    details = [f"declared in the headers, not exported by ROCm: {s}"
+               for s in sorted(set(declared) - set(rocm_syms))]
+    details += [f"exported by ROCm, declared in no header: {s}"
+                for s in sorted(set(rocm_syms) - set(declared))]
+    if cuda_syms is not None:
+        details += [f"only ROCm: {s}" for s in sorted(set(rocm_syms) - set(cuda_syms))]
+        details += [f"only CUDA: {s}" for s in sorted(set(cuda_syms) - set(rocm_syms))]
+        versus = f"{len(cuda_syms)} by the CUDA build"
+    else:
+        details.append("no CUDA build to compare with (see above)")
+        versus = "no CUDA build"
+    report.add("symbols", not details and bool(rocm_syms),
+               f"{len(rocm_syms)} nvte_* exported by the ROCm build, {versus}, "
+               f"{len(declared)} declared in the headers", details)
+
+
+def step_import(report: Report, root, outputs: dict, pkg_root: str) -> None:
+    _stage_package(pkg_root, outputs)
+    env = {"PYTHONPATH": pkg_root}
+    res = root.run(["/usr/bin/python3", "-c", IMPORT_PROBE], cwd=pkg_root, env=env,
+                   capture=True, check=False)
+    details = res.stdout.strip().splitlines()
+    info = root.run(["/usr/bin/python3", "-m", "transformer_engine", "info"], cwd=pkg_root,
+                    env=env, capture=True, check=False)
+    details += ["python -m transformer_engine info:"]
+    details += ["  " + line for line in info.stdout.strip().splitlines()]
+    choices = {v: _gemm_choice(root, pkg_root, v) for v in (None, "0", "1")}
+    details += [f"NVTE_USE_HIPBLASLT={v if v is not None else '<unset>'}: {c}"
+                for v, c in choices.items()]
+    switch_ok = choices["0"].startswith("rocBLAS") and choices["1"].startswith("hipBLASLt")
+    ok = res.returncode == 0 and info.returncode == 0 and switch_ok
+    report.add("import", ok, "module imports in the sysroot: rocm backend, no device; "
+               "NVTE_USE_HIPBLASLT=0/1 selects rocBLAS/hipBLASLt" if ok else
+               f"import probe failed (exit {res.returncode}/{info.returncode})", details)
+
+
+def run_checks(args) -> Report:
+    from .rocm_sysroot import Sysroot, build as sysroot_build
+
+    report = Report()
+    archs = [a for a in args.archs.replace(",", ";").split(";") if a]
+    t_start = time.time()
+    try:
+        if args.no_build:
+            outputs = existing_outputs(args.build_dir)
+        else:
+            outputs = sysroot_build(args.sysroot, args.build_dir, ";".join(archs))
+    except (subprocess.CalledProcessError, RuntimeError) as exc:
+        why = f"exit status {exc.returncode}" if isinstance(exc, subprocess.CalledProcessError) \
+            else str(exc)
+        report.add("build", False, f"the sysroot build failed ({why}); compiler output above")
+        hip_dir = os.path.join(args.build_dir, "hipified", "common")
+        if os.path.isfile(os.path.join(hip_dir, "sources.txt")):
+            step_hipify(report, hip_dir)  # these need no build, only the hipify stage
+        return report
+    report.add("build", True,
+               f"hipify + hipcc for {';'.join(archs)} in {time.time() - t_start:.0f} s"
+               if not args.no_build else "reused the outputs of an earlier build (--no-build)")
+    step_hipify(report, outputs["hipified"])
+    cuda_syms = _cuda_symbols(args, report)  # built here unless given
 
     work = os.path.join(args.build_dir, "inspect")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    llvm = lambda tool: f"/usr/bin/{tool}{LLVM_SUFFIX}"  # noqa: E731
-    # clang-offload-bundler runs llvm-objcopy by its plain name, which only LLVM's own bin
-    # folder provides on Debian.
-    tools_env = {"PATH": f"/usr/bin:/bin:/usr/lib/llvm{LLVM_SUFFIX}/bin"}
     with Sysroot(args.sysroot) as root:
         root.bind(ROOT, read_only=True)  # first: build_dir may lie inside the checkout
         root.bind(args.build_dir, read_only=False)
-
-        # --- fatbin: per-bundle arch listing -------------------------------------------------
-        fatbin = os.path.join(work, "hip_fatbin.bin")
-        root.run([llvm("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", lib,
-                  os.path.join(work, "discard.so")])
-        with open(fatbin, "rb") as fh:
-            bundles = split_bundles(fh.read())
-        per_arch_kernels = {a: [] for a in archs}
-        problems, listed_any = [], set()
-        for i, blob in enumerate(bundles):
-            path = os.path.join(work, f"bundle{i}.o")
-            with open(path, "wb") as fh:
-                fh.write(blob)
-            res = root.run([llvm("clang-offload-bundler"), "--list", "--type=o", f"--input={path}"],
-                           env=tools_env, capture=True, check=False)
-            targets = res.stdout.split()
-            if res.returncode != 0:
-                problems.append(f"bundle {i}: clang-offload-bundler --list failed: {res.stdout[-300:]}")
-                continue
-            listed_any.update(targets)
-            for arch in archs:
-                target = next((t for t in targets if t.endswith(f"--{arch}")), None)
-                if target is None:
-                    problems.append(f"bundle {i}: no code object for {arch} (has {targets})")
-                    continue
-                co = os.path.join(work, f"bundle{i}-{arch}.co")
-                root.run([llvm("clang-offload-bundler"), "--unbundle", "--type=o",
-                          f"--targets={target}", f"--input={path}", f"--output={co}"], env=tools_env)
-                notes = root.run([llvm("llvm-readelf"), "--notes", co], capture=True).stdout
-                per_arch_kernels[arch] += parse_kernel_notes(notes)
-        gpu_targets = sorted(t.split("--")[-1] for t in listed_any if t.startswith("hip"))
-        report.add("fatbin", bool(bundles) and not problems,
-                   f".hip_fatbin holds {len(bundles)} offload bundles; targets {', '.join(gpu_targets)}",
-                   problems)
-
-        # --- kernels per family --------------------------------------------------------------
-        families = kernel_families()
-        problems, lines = [], []
-        for arch in archs:
-            mangled = sorted(set(per_arch_kernels[arch]))
-            demangled = root.run([llvm("llvm-cxxfilt")] + mangled, capture=True).stdout.splitlines() \
-                if mangled else []
-            found = match_families(families, demangled)
-            for fam, names in sorted(families.items()):
-                if not names:
-                    lines.append(f"{arch} {fam}: defines/launches no kernel in its sources (skipped)")
-                elif not found[fam]:
-                    problems.append(f"{arch} {fam}: none of {sorted(names)} in the code object")
-            if arch == archs[0]:
-                for fam in sorted(families):
-                    if found[fam]:
-                        lines.append(f"{fam}: {', '.join(found[fam])}")
-                lines.append(f"{len(mangled)} kernels in the {arch} code objects")
-        report.add("kernels", not problems,
-                   f"{len(families)} kernel families ({', '.join(sorted(families))}) present for "
-                   f"{', '.join(archs)}" if not problems else f"{len(problems)} family/arch gaps",
-                   problems + lines)
-
-        # --- NEEDED --------------------------------------------------------------------------
-        dyn = root.run(["readelf", "-d", lib], capture=True).stdout
-        needed = re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn)
-        missing = [n for n in REQUIRED_NEEDED if not any(x.startswith(n + ".so") for x in needed)]
-        report.add("needed", not missing, "NEEDED: " + ", ".join(needed),
-                   [f"missing {m}" for m in missing])
-
-        # --- nvte_* symbols ------------------------------------------------------------------
-        rocm_syms = _exported_nvte(lib, [shutil.which("nm") or llvm("llvm-nm")])
-        declared = declared_c_api(_preprocess_public_headers(root, work))
-        details = [f"declared in the headers, not exported by ROCm: {s}"
-                   for s in sorted(set(declared) - set(rocm_syms))]
-        details += [f"exported by ROCm, declared in no header: {s}"
-                    for s in sorted(set(rocm_syms) - set(declared))]
-        if cuda_syms is not None:
-            details += [f"only ROCm: {s}" for s in sorted(set(rocm_syms) - set(cuda_syms))]
-            details += [f"only CUDA: {s}" for s in sorted(set(cuda_syms) - set(rocm_syms))]
-            versus = f"{len(cuda_syms)} by the CUDA build"
-        else:
-            details.append("no CUDA build to compare with (see above)")
-            versus = "no CUDA build"
-        report.add("symbols", not details and bool(rocm_syms),
-                   f"{len(rocm_syms)} nvte_* exported by the ROCm build, {versus}, "
-                   f"{len(declared)} declared in the headers", details)
-        sym_file = os.path.join(args.build_dir, "nvte_symbols_rocm.txt")
-        with open(sym_file, "w") as fh:
-            fh.write("\n".join(rocm_syms) + "\n")
-
-        # --- import in the sysroot -----------------------------------------------------------
-        pkg_root = os.path.join(args.build_dir, "pkg")
-        _stage_package(pkg_root, outputs)
-        res = root.run(["/usr/bin/python3", "-c", IMPORT_PROBE], cwd=pkg_root,
-                       env={"PYTHONPATH": pkg_root}, capture=True, check=False)
-        details = res.stdout.strip().splitlines()
-        info = root.run(["/usr/bin/python3", "-m", "transformer_engine", "info"], cwd=pkg_root,
-                        env={"PYTHONPATH": pkg_root}, capture=True, check=False)
-        details += ["python -m transformer_engine info:"] + \
-            ["  " + line for line in info.stdout.strip().splitlines()]
-        choices = {v: _gemm_choice(root, pkg_root, v) for v in (None, "0", "1")}
-        details += [f"NVTE_USE_HIPBLASLT={v if v is not None else '<unset>'}: {c}"
-                    for v, c in choices.items()]
-        switch_ok = choices["0"].startswith("rocBLAS") and choices["1"].startswith("hipBLASLt")
-        ok = res.returncode == 0 and info.returncode == 0 and switch_ok
-        report.add("import", ok, "module imports in the sysroot: rocm backend, no device"
-                   if ok else f"import probe failed (exit {res.returncode}/{info.returncode})",
-                   details)
-
+        per_arch = step_fatbin(report, root, outputs["library"], work, archs)
+        step_kernels(report, root, per_arch, archs)
+        step_needed(report, root, outputs["library"])
+        step_symbols(report, root, outputs["library"], work, cuda_syms,
+                     os.path.join(args.build_dir, "nvte_symbols_rocm.txt"))
+        step_import(report, root, outputs, os.path.join(args.build_dir, "pkg"))
     report.rows.append(("total", report.ok, f"{time.time() - t_start:.0f} s"))
     return report
 

@@ -9,6 +9,7 @@ Needs root (mount, chroot).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -72,6 +73,14 @@ class Sysroot:
             subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
 
     def __enter__(self):
+        # One user at a time (the same lock .ci/rocm_sysroot.sh holds while it creates or
+        # deletes the sysroot): a second run's cleanup must not unmount a running build.
+        self._lock = open(self.path.rstrip("/") + ".lock", "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another user of {self.path} ...", flush=True)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         unmount_all(self.path)
         self._mount(["-t", "proc", "proc"], os.path.join(self.path, "proc"))
         return self
@@ -80,6 +89,7 @@ class Sysroot:
         for target in reversed(self._mounted):
             _umount(target)
         self._mounted.clear()
+        self._lock.close()  # releases the flock
         return False
 
     def run(self, argv: list, cwd: str = "/", env: dict | None = None, check: bool = True,

@@ -71,8 +71,8 @@ def test_torch_dtype_follows_the_device_arch(monkeypatch, arch, e4m3, e5m2):
     from transformer_engine.common import capabilities
     from transformer_engine.pytorch import native
     backend = "cuda" if arch.startswith("sm_") else "rocm"
-    monkeypatch.setattr(native, "capability",
-                        lambda device=None: capabilities.capability_for(backend, arch, "test device"))
+    cap = capabilities.capability_for(backend, arch, "test device")
+    monkeypatch.setattr(native, "capability", lambda device=None: cap)
     assert native.fp8_dtype(E4M3) is getattr(torch, e4m3)
     assert native.fp8_dtype(E5M2) is getattr(torch, e5m2)
 

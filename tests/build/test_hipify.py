@@ -14,8 +14,9 @@ from build_tools.rocm_check import (COMMON_DIR, check_hip_macro, check_no_cuda, 
                                     kernel_names_in_source, split_bundles,
                                     strip_comments_and_strings, unqualified_function_name)
 
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="the hipify stage uses torch.utils.hipify (pip install torch)")
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="the hipify stage uses torch.utils.hipify (pip install torch)")
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,8 @@ def test_kernel_names_are_read_from_definitions_and_launches():
       other<<<1, 1>>>();
     }
     """
-    assert kernel_names_in_source(src) == {"scale_kernel", "reduce_kernel", "helper_kernel", "other"}
+    assert kernel_names_in_source(src) == {"scale_kernel", "reduce_kernel", "helper_kernel",
+                                           "other"}
 
 
 @pytest.mark.parametrize("demangled, name", [
@@ -168,7 +170,8 @@ def _bundle(entries):
 
 
 def test_split_bundles_finds_each_translation_unit():
-    a = _bundle([(b"host-x86_64-unknown-linux-gnu-", b""), (b"hipv4-amdgcn-amd-amdhsa--gfx942", b"X" * 100)])
+    a = _bundle([(b"host-x86_64-unknown-linux-gnu-", b""),
+                 (b"hipv4-amdgcn-amd-amdhsa--gfx942", b"X" * 100)])
     b = _bundle([(b"hipv4-amdgcn-amd-amdhsa--gfx90a", b"Y" * 10)])
     pad = b"\0" * (4096 - len(a))
     parts = split_bundles(a + pad + b + b"\0" * 17)
