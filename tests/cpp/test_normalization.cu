@@ -158,7 +158,7 @@ TE_TEST(normalization_empty_rows_zero_weight_grads) {
   TE_EXPECT(nonzero == 0, "%d weight-gradient values not zeroed", nonzero);
 }
 
-TE_TEST(layernorm_fp8_output_within_one_step) {
+TE_TEST(normalization_fp8_output_within_one_step) {
   const int64_t rows = 48, cols = 1024;
   const size_t n = size_t(rows * cols);
   std::vector<float> x = random_floats(n, 5, 2.f), g(cols, 1.f), b(cols, 0.f), dz(n, 0.f);

@@ -2,11 +2,12 @@
 // bwd_<dtype>.cu.
 //
 // Stage 1 is persistent: as many blocks as fit on the device at once, each looping over rows.
-// A thread always owns the same columns, so it accumulates its share of dgamma / dbeta in
-// registers over every row its block visits, and the block writes one fp32 partial row to the
-// workspace at the end. Stage 2 sums the partial rows column by column. Both are deterministic
-// (fixed order, no atomics), and the weight gradients cost one small extra read instead of a
-// second pass over dz and x.
+// A thread always owns the same columns, so it accumulates its share of dgamma / dbeta over every
+// row its block visits, in shared memory that only it touches (registers would triple the
+// forward's and spill), and the block writes one fp32 partial row to the workspace at the end.
+// Stage 2 sums the partial rows column by column. Both are deterministic (fixed order, no
+// atomics), and the weight gradients cost one small extra read instead of a second pass over dz
+// and x.
 #pragma once
 
 #include "normalization/norm_kernels.cuh"
@@ -30,62 +31,72 @@ struct BwdArgs {
   float gamma_shift;
 };
 
-// The dgamma/dbeta accumulators triple the registers of the forward, so backward blocks hold at
-// most 256 threads and the register cap follows the chunks per thread: <= 85 registers (three
-// blocks per SM) for one or two chunks, <= 128 (two blocks) for three or four, and a long-row
-// variant of eight chunks (16384 16-bit elements per row) at one block per SM.
+// Backward blocks hold 256 threads (several short rows, or one row of up to 256 threads); the
+// register cap follows the chunks per thread: <= 85 registers (three blocks per SM) for up to
+// two chunks, <= 128 for three or four, and a long-row variant of eight chunks (16384 16-bit
+// elements per row) at one block per SM.
 constexpr int kBwdMaxTpr = 256;
 constexpr int kBwdLongIters = 8;
+
+// Accumulator layout in shared memory, per row slot: [kRms ? 1 : 2][cols] floats. Within one
+// accumulator the 16-byte group h of chunk j lives at float offset (h * chunks + j) * 4, so the
+// threads of a warp (consecutive j) touch consecutive 16-byte words: no bank conflicts.
+template <int kN>
+__device__ __forceinline__ int acc_offset(int chunk, int group, int chunks) {
+  return (group * chunks + chunk) * 4;
+}
 
 template <typename T, typename W, bool kRms, int kIters>
 __global__ void __launch_bounds__(kBwdMaxTpr, kIters <= 2 ? 3 : (kIters <= 4 ? 2 : 1))
 norm_bwd_register_kernel(BwdArgs<T, W> a) {
   constexpr int kN = 16 / sizeof(T);
+  constexpr int kGroups = kN / 4;  // 16-byte float groups per chunk
+  constexpr int kAccs = kRms ? 1 : 2;
   __shared__ float red[2][2 * kMaxWarps];
-  // [blockDim.x * kN] floats, used when a block holds several rows.
-  extern __shared__ __align__(16) float part[];
+  extern __shared__ __align__(16) float acc[];  // [rows_per_block][kAccs][cols]
   const int tpr = a.tpr;
   const int t = threadIdx.x & (tpr - 1);
   const int slot = threadIdx.x / tpr;
   const int rows_per_block = blockDim.x / tpr;
+  const int64_t stride = int64_t(gridDim.x) * rows_per_block;
   const int cols = a.cols;
+  const int chunks = cols / kN;
   const float inv_cols = 1.f / cols;
+  float* my_acc = acc + slot * kAccs * cols;
 
-  float dg[kIters][kN], db[kIters][kN];
 #pragma unroll
-  for (int it = 0; it < kIters; ++it)
+  for (int it = 0; it < kIters; ++it) {
+    const int j = it * tpr + t;
+    if (j < chunks) {
 #pragma unroll
-    for (int k = 0; k < kN; ++k) dg[it][k] = db[it][k] = 0.f;
+      for (int w = 0; w < kAccs; ++w)
+#pragma unroll
+        for (int h = 0; h < kGroups; ++h)
+          *reinterpret_cast<float4*>(my_acc + w * cols + acc_offset<kN>(j, h, chunks)) =
+              make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
 
+  // x and dz stay in registers in their storage type (half the registers of fp32 copies) between
+  // the two passes; conversion is a shift or one cvt per element. (Loading the next row ahead,
+  // as the forward does, would need twice these registers here and spill.)
   int buf = 0;
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
-       base += int64_t(gridDim.x) * rows_per_block) {
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows; base += stride) {
     const int64_t row = base + slot;
     const bool valid = row < a.rows;
-    // x and dz stay in registers in their storage type (half the registers of fp32 copies);
-    // conversion is a shift or one cvt per element and is repeated in the second pass.
     Chunk<T, kN> xs[kIters], dzs[kIters];
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int c = (it * tpr + t) * kN;
-      if (valid && c < cols) {
-        xs[it] = *reinterpret_cast<const Chunk<T, kN>*>(a.x + row * cols + c);
-        dzs[it] = *reinterpret_cast<const Chunk<T, kN>*>(a.dz + row * cols + c);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kN; ++k) xs[it].v[k] = dzs[it].v[k] = from_float<T>(0.f);
-      }
-    }
+    load_row_chunks<T, kN, kIters>(a.x + row * cols, valid, cols, tpr, t, xs);
+    load_row_chunks<T, kN, kIters>(a.dz + row * cols, valid, cols, tpr, t, dzs);
     const float mu = (!kRms && valid) ? a.mu[row] : 0.f;
     const float rs = valid ? a.rsigma[row] : 0.f;
 
     float sums[2] = {0.f, 0.f};  // sum(dy), sum(dy * xhat)
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int c = (it * tpr + t) * kN;
-      if (c < cols) {
-        float g[kN];
-        load_floats<W, kN>(a.gamma + c, g);
+      const int j = it * tpr + t;
+      if (j < chunks) {
+        float g[kN], dg[kN], db[kN];
+        load_floats<W, kN>(a.gamma + j * kN, g);
 #pragma unroll
         for (int k = 0; k < kN; ++k) {
           const float xhat = (to_float(xs[it].v[k]) - mu) * rs;
@@ -93,8 +104,21 @@ norm_bwd_register_kernel(BwdArgs<T, W> a) {
           const float dy = d * (g[k] + a.gamma_shift);
           sums[0] += dy;
           sums[1] += dy * xhat;
-          dg[it][k] += d * xhat;
-          db[it][k] += d;
+          dg[k] = d * xhat;
+          db[k] = d;
+        }
+#pragma unroll
+        for (int h = 0; h < kGroups; ++h) {
+          float4* pg = reinterpret_cast<float4*>(my_acc + acc_offset<kN>(j, h, chunks));
+          float4 v = *pg;
+          v.x += dg[4 * h]; v.y += dg[4 * h + 1]; v.z += dg[4 * h + 2]; v.w += dg[4 * h + 3];
+          *pg = v;
+          if (!kRms) {
+            float4* pb = reinterpret_cast<float4*>(my_acc + cols + acc_offset<kN>(j, h, chunks));
+            float4 u = *pb;
+            u.x += db[4 * h]; u.y += db[4 * h + 1]; u.z += db[4 * h + 2]; u.w += db[4 * h + 3];
+            *pb = u;
+          }
         }
       }
     }
@@ -120,36 +144,20 @@ norm_bwd_register_kernel(BwdArgs<T, W> a) {
     }
   }
 
-  // One partial row per block: fold the block's row slots together first.
+  // One partial row per block: fold the row slots together in a fixed order.
+  __syncthreads();
   float* pg = a.part_gamma + int64_t(blockIdx.x) * cols;
   float* pb = kRms ? nullptr : a.part_beta + int64_t(blockIdx.x) * cols;
-  if (rows_per_block == 1) {
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int c = (it * tpr + t) * kN;
-      if (c < cols) {
-        store_floats<float, kN>(pg + c, dg[it]);
-        if (!kRms) store_floats<float, kN>(pb + c, db[it]);
-      }
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int k = c % kN;
+    const int off = acc_offset<kN>(c / kN, k / 4, chunks) + k % 4;
+    float sg = 0.f, sb = 0.f;
+    for (int r = 0; r < rows_per_block; ++r) {
+      sg += acc[r * kAccs * cols + off];
+      if (!kRms) sb += acc[r * kAccs * cols + cols + off];
     }
-    return;
-  }
-  const int span = tpr * kN;  // columns covered by one iteration of every row slot
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-#pragma unroll
-    for (int which = 0; which < (kRms ? 1 : 2); ++which) {
-      store_floats<float, kN>(part + slot * span + t * kN, which == 0 ? dg[it] : db[it]);
-      __syncthreads();
-      float* dst = which == 0 ? pg : pb;
-      for (int j = threadIdx.x; j < span; j += blockDim.x) {
-        const int c = it * span + j;
-        float s = 0.f;
-        for (int r = 0; r < rows_per_block; ++r) s += part[r * span + j];
-        if (c < cols) dst[c] = s;
-      }
-      __syncthreads();
-    }
+    pg[c] = sg;
+    if (!kRms) pb[c] = sb;
   }
 }
 
@@ -231,22 +239,22 @@ norm_bwd_finalize_kernel(const float* part_gamma, const float* part_beta, int64_
   }
 }
 
-inline int device_sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    throw Error(kNVTEDeviceError, "could not query the device's multiprocessor count");
-  return sms;
-}
-
-// Blocks of `kernel` that fit on the device at once, capped by the work available.
+// Kernels whose accumulators need more than the default 48 KB of shared memory opt in. Returns
+// false when the device cannot grant `smem` bytes per block (e.g. 64 KB LDS on CDNA3): the caller
+// then takes the general path.
 template <typename Kernel>
-int64_t resident_blocks(Kernel kernel, int block, size_t smem, int64_t wanted) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) != cudaSuccess)
-    throw Error(kNVTEDeviceError, "occupancy query for the normalization backward failed");
-  const int64_t cap = int64_t(device_sm_count()) * (per_sm > 0 ? per_sm : 1);
-  return wanted < cap ? wanted : cap;
+bool allow_dynamic_smem(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return true;
+  int dev = 0, limit = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    throw Error(kNVTEDeviceError, "could not query the device's shared memory per block");
+  if (smem > size_t(limit)) return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess)
+    throw Error(kNVTEDeviceError, concat("could not grant ", smem, " bytes of shared memory to "
+                                         "the normalization backward"));
+  return true;
 }
 
 template <typename T, typename W, bool kRms>
@@ -265,12 +273,13 @@ int64_t run_bwd(const NormBwdParams& p, cudaStream_t stream, bool launch) {
   // Prefer two chunks per thread (lighter registers, more blocks per SM), then up to four, then
   // the long-row variant.
   const int64_t chunks = p.cols / kN;
-  if (vectorizable && (pick_register_layout(chunks, 2, kBwdMaxTpr, &layout) ||
+  bool registers =
+      vectorizable && (pick_register_layout(chunks, 2, kBwdMaxTpr, &layout) ||
                        pick_register_layout(chunks, kMaxIters, kBwdMaxTpr, &layout) ||
-                       pick_register_layout(chunks, kBwdLongIters, kBwdMaxTpr, &layout))) {
-    // At least 256 threads per block so that short rows share a block (and its partial row).
+                       pick_register_layout(chunks, kBwdLongIters, kBwdMaxTpr, &layout));
+  if (registers) {
     block = kBwdMaxTpr;
-    smem = block > layout.tpr ? size_t(block) * kN * sizeof(float) : 0;
+    smem = size_t(block / layout.tpr) * (kRms ? 1 : 2) * size_t(p.cols) * sizeof(float);
     a.tpr = layout.tpr;
     switch (layout.iters) {
       case 1: kernel = norm_bwd_register_kernel<T, W, kRms, 1>; break;
@@ -279,12 +288,16 @@ int64_t run_bwd(const NormBwdParams& p, cudaStream_t stream, bool launch) {
       case 4: kernel = norm_bwd_register_kernel<T, W, kRms, 4>; break;
       default: kernel = norm_bwd_register_kernel<T, W, kRms, kBwdLongIters>; break;
     }
-    partials = resident_blocks(kernel, block, smem, blocks_for(p.rows, block / layout.tpr));
+    registers = allow_dynamic_smem(kernel, smem);
+  }
+  if (registers) {
+    partials = rows::resident_blocks(kernel, block, smem, blocks_for(p.rows, block / layout.tpr));
   } else {
+    smem = 0;
     block = general_tpr(p.cols);
     a.tpr = block;
     kernel = norm_bwd_general_kernel<T, W, kRms>;
-    partials = resident_blocks(kernel, block, 0, p.rows);
+    partials = rows::resident_blocks(kernel, block, 0, p.rows);
   }
   if (partials < 1) partials = 1;
   if (!launch) return partials;

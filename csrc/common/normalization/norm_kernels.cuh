@@ -15,6 +15,7 @@ using rows::RowLayout;
 using rows::blocks_for;
 using rows::kMaxWarps;
 using rows::load_floats;
+using rows::load_row_chunks;
 using rows::pick_register_layout;
 using rows::row_sum;
 using rows::store_floats;

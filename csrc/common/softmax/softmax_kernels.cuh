@@ -3,7 +3,9 @@
 // Register path (row length a multiple of 8, 16-byte aligned tensors, rows of up to 16384
 // elements): each row is read once into registers, reduced twice (max, then sum of exponentials)
 // and written once, so the kernel moves the minimum bytes. Exponentials are taken base 2 on
-// inputs pre-multiplied by scale * log2(e), one FMA and one ex2 per element. Causal rows skip
+// inputs pre-multiplied by scale * log2(e): one subtraction and one hardware ex2 per element
+// (fast_exp2_ftz; results below 2^-126 flush to zero, far below any bf16/fp16 probability that
+// can register next to the row maximum's 1 in the sum). Causal rows skip
 // loading the elements above the diagonal (they are written as zeros). The general path takes
 // any length and alignment with strided scalar passes over the row.
 #pragma once
@@ -20,6 +22,7 @@ using rows::SumOp;
 using rows::blocks_for;
 using rows::kMaxWarps;
 using rows::load_floats;
+using rows::load_row_chunks;
 using rows::row_reduce;
 using rows::store_floats;
 
@@ -116,14 +119,14 @@ __global__ void __launch_bounds__(kMaxTpr) softmax_fwd_register_kernel(FwdArgs<T
 #pragma unroll
     for (int k = 0; k < kN; ++k) mx[0] = fmaxf(mx[0], v[it][k]);
   row_reduce(mx, tpr, red[0], MaxOp{});
-  // A fully masked row has max -inf; subtracting 0 instead keeps exp2(-inf) = 0, no NaN.
+  // A fully masked row has max -inf; subtracting 0 instead keeps exp(-inf) = 0, no NaN.
   const float shift = mx[0] == kNegInf ? 0.f : mx[0];
   float s[1] = {0.f};
 #pragma unroll
   for (int it = 0; it < kIters; ++it)
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      v[it][k] = exp2f(v[it][k] - shift);
+      v[it][k] = fast_exp2_ftz(v[it][k] - shift);
       s[0] += v[it][k];
     }
   row_reduce(s, tpr, red[1], SumOp{});
@@ -206,12 +209,12 @@ __global__ void __launch_bounds__(1024) softmax_fwd_general_kernel(FwdArgs<T> a)
   row_reduce(mx, tpr, red[0], MaxOp{});
   const float shift = mx[0] == kNegInf ? 0.f : mx[0];
   float s[1] = {0.f};
-  for (int c = t; c < len; c += tpr) s[0] += exp2f(logit(c) - shift);
+  for (int c = t; c < len; c += tpr) s[0] += fast_exp2_ftz(logit(c) - shift);
   row_reduce(s, tpr, red[1], SumOp{});
   const float inv = s[0] > 0.f ? 1.f / s[0] : 0.f;
   if (!valid) return;
   for (int c = t; c < cols; c += tpr)
-    a.y[row * cols + c] = from_float<T>(c < len ? exp2f(logit(c) - shift) * inv : 0.f);
+    a.y[row * cols + c] = from_float<T>(c < len ? fast_exp2_ftz(logit(c) - shift) * inv : 0.f);
 }
 
 template <typename T, bool kIsCausal>

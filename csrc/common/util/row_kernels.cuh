@@ -11,6 +11,10 @@
 // which keeps the number of instantiations small while covering long rows in registers.
 #pragma once
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "util/device_utils.cuh"
 #include "util/tensor.h"
 
@@ -41,6 +45,23 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) c.v[k] = from_float<T>(in[k]);
   *reinterpret_cast<Chunk<T, N>*>(p) = c;
+}
+
+// The kIters chunks a thread owns in one row (element offset (it * tpr + t) * kN), loaded as
+// stored; chunks at or past `limit`, and every chunk of a row that does not exist, are zeros.
+template <typename T, int kN, int kIters>
+__device__ __forceinline__ void load_row_chunks(const T* row_ptr, bool valid, int limit, int tpr,
+                                                int t, Chunk<T, kN> (&out)[kIters]) {
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = (it * tpr + t) * kN;
+    if (valid && c < limit) {
+      out[it] = *reinterpret_cast<const Chunk<T, kN>*>(row_ptr + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) out[it].v[k] = from_float<T>(0.f);
+    }
+  }
 }
 
 struct SumOp {
@@ -119,6 +140,36 @@ inline int general_tpr(int64_t cols, int max_tpr) {
 
 inline int blocks_for(int64_t rows, int rows_per_block) {
   return static_cast<int>((rows + rows_per_block - 1) / rows_per_block);
+}
+
+// Blocks of `kernel` (launched with `block` threads and `smem` dynamic bytes) that the current
+// device holds at once, capped by `wanted`: the grid of a persistent row loop. The answer is
+// cached per (device, kernel, block, smem) so that repeated calls cost a map lookup, not two
+// driver queries.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int block, size_t smem, int64_t wanted) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, size_t>, int64_t> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) throw Error(kNVTEDeviceError, "no current device");
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), block, smem);
+  int64_t cap = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) cap = it->second;
+  }
+  if (cap == 0) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) != cudaSuccess)
+      throw Error(kNVTEDeviceError, concat("occupancy query failed for a row kernel of ", block,
+                                           " threads and ", smem, " bytes of shared memory"));
+    cap = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+    std::lock_guard<std::mutex> lock(mutex);
+    cache[key] = cap;
+  }
+  return wanted < cap ? wanted : cap;
 }
 
 }  // namespace rows
