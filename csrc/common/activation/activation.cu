@@ -20,6 +20,12 @@ int elementwise_grid(int64_t work_items) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
+int single_pass_grid(int64_t work_items) {
+  const int64_t blocks = (work_items + kActThreads - 1) / kActThreads;
+  const int64_t cap = (int64_t(1) << 31) - 1;  // the kernels loop if there is more work
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
 int64_t dbias_rows_per_block(int64_t rows) {
   // At least 64 rows so that the partial sums stay a small fraction of the traffic; more when
   // there are many rows so that at most ~1024 partial rows exist. A multiple of the rows one

@@ -61,8 +61,10 @@ int64_t dbias_row_blocks(int64_t rows);
 void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtype,
                          int64_t row_blocks, int64_t cols, NVTEStream stream);
 
-// Blocks of 256 threads for a grid-stride loop over work_items items.
+// Blocks of 256 threads for a grid-stride loop over work_items items: a few waves of resident
+// blocks (elementwise_grid), or one item per thread (single_pass_grid, capped at 2^31 - 1).
 int elementwise_grid(int64_t work_items);
+int single_pass_grid(int64_t work_items);
 
 template <NVTEActivation A> void launch_elementwise(const ElementwiseArgs& args);
 template <NVTEActivation A> void launch_dbias(const DbiasArgs& args);

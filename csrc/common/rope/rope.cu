@@ -39,8 +39,12 @@ struct RopeShape {
 
 __device__ __forceinline__ int64_t position_of(int64_t t, const RopeShape& sh,
                                                const int32_t* __restrict__ cu_seqlens) {
-  if (sh.format == kNVTERopeSBHD) return t / sh.batch;
-  if (sh.format == kNVTERopeBSHD) return t % sh.seq;
+  // 32-bit division when the counts fit (64-bit division is a long software sequence).
+  const bool narrow = sh.tokens < (int64_t(1) << 31);
+  if (sh.format == kNVTERopeSBHD)
+    return narrow ? int64_t(uint32_t(t) / uint32_t(sh.batch)) : t / sh.batch;
+  if (sh.format == kNVTERopeBSHD)
+    return narrow ? int64_t(uint32_t(t) % uint32_t(sh.seq)) : t % sh.seq;
   // thd: the last sequence whose start is <= t (binary search over the n + 1 offsets).
   int lo = 0, hi = sh.num_seqs;  // invariant: cu_seqlens[lo] <= t < cu_seqlens[hi]
   while (hi - lo > 1) {
@@ -208,8 +212,12 @@ void launch_rope(const T* in, T* out, const float* freqs, const int32_t* cu_seql
   const int rot_items = kInterleaved ? sh.rot_dim / group : sh.rot_dim / 2 / group;
   const int64_t items = int64_t(sh.heads) * (rot_items + (sh.dim - sh.rot_dim) / pass_group);
   TE_CHECK_ARG(items < (int64_t(1) << 31), "rows of ", sh.heads, " x ", sh.dim, " are too large");
+  // Threads per token: enough for two items each (both are loaded before the barrier), so
+  // small rows share a block and the per-token table and barrier are paid for twice the data;
+  // more when the tables of the block's tokens would not fit in 48 KiB of shared memory.
   int tx = 32;
-  while (tx < kThreads && tx < items) tx *= 2;
+  while (tx < kThreads && 2 * tx < items) tx *= 2;
+  while (tx < kThreads && size_t(kThreads / tx) * 2 * sh.rot_dim * sizeof(float) > 48 * 1024) tx *= 2;
   sh.threads_x = tx;
   sh.tokens_per_block = kThreads / tx;
   const int64_t blocks = (sh.tokens + sh.tokens_per_block - 1) / sh.tokens_per_block;

@@ -11,6 +11,7 @@ amax = max|fp32 result|.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -27,9 +28,19 @@ GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu",
 
 # ----- references ------------------------------------------------------------------------------
 
+_GELU_2K = 2.0 * math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x):
+    # The tanh approximation written as x * sigmoid(2u): 0.5 (1 + tanh u) == sigmoid(2u). Same
+    # function as F.gelu(approximate="tanh"), but without its cancellation in 1 + tanh(u) at
+    # very negative x, where F.gelu's fp32 result (and gradient) keeps only a few correct bits.
+    return x * torch.sigmoid(_GELU_2K * x * (1.0 + 0.044715 * x * x))
+
+
 def _base_fn(name):
     return {
-        "gelu": lambda x: F.gelu(x, approximate="tanh"),
+        "gelu": _gelu_tanh,
         "relu": F.relu,
         "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
         "srelu": lambda x: F.relu(x) ** 2,
