@@ -21,8 +21,10 @@ STAMP_FILE=.te-rocm-sysroot-stamp
 
 # What goes in. Changing this list (or RECIPE_VERSION) changes the stamp and forces a rebuild.
 RECIPE_VERSION=1
+# hipcc depends on the device libraries of its own LLVM (rocm-device-libs-NN), so no LLVM version
+# is named here; libhipblaslt-dev lacks its dependency on libhipblas-common-dev, hence listed.
 PACKAGES=(
-  hipcc libamdhip64-dev rocm-device-libs-21
+  hipcc libamdhip64-dev
   librocblas-dev libhipblaslt-dev libhipblas-common-dev
   cmake ninja-build python3-dev python3-pybind11 pybind11-dev
   binutils
@@ -92,11 +94,7 @@ if sysroot_ok; then
 fi
 
 START=$(date +%s)
-if [ -e "$SYSROOT" ]; then
-  log "sysroot at $SYSROOT is missing, partial or from another recipe: rebuilding"
-  unmount_all "$SYSROOT"
-  rm -rf --one-file-system "$SYSROOT"
-fi
+[ ! -e "$SYSROOT" ] || log "sysroot at $SYSROOT is partial or from another recipe: rebuilding"
 
 if ! command -v debootstrap >/dev/null; then
   log "installing debootstrap from the host's apt"
@@ -104,21 +102,26 @@ if ! command -v debootstrap >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 fi
 
-mkdir -p "$SYSROOT"
 trap 'unmount_all "$SYSROOT"' EXIT
 
-# The dpkg excludes must exist before debootstrap unpacks anything; debootstrap copies nothing
-# over an existing /etc/dpkg/dpkg.cfg.d, so the file is written into the target first.
-mkdir -p "$SYSROOT/etc/dpkg/dpkg.cfg.d"
-{
-  echo "# written by .ci/rocm_sysroot.sh: files the ROCm compile+link check never reads"
-  for p in "${DPKG_EXCLUDES[@]}"; do echo "path-exclude=$p"; done
-  echo "path-include=/usr/share/doc/*/copyright"
-} > "$SYSROOT/etc/dpkg/dpkg.cfg.d/te-minimal"
+# The dpkg excludes must exist before anything is unpacked by dpkg, so the file is written into
+# the target before debootstrap runs (debootstrap leaves an existing dpkg.cfg.d file alone).
+bootstrap_base() {
+  unmount_all "$SYSROOT"
+  rm -rf --one-file-system "$SYSROOT"
+  mkdir -p "$SYSROOT/etc/dpkg/dpkg.cfg.d"
+  {
+    echo "# written by .ci/rocm_sysroot.sh: files the ROCm compile+link check never reads"
+    for p in "${DPKG_EXCLUDES[@]}"; do echo "path-exclude=$p"; done
+    echo "path-include=/usr/share/doc/*/copyright"
+  } > "$SYSROOT/etc/dpkg/dpkg.cfg.d/te-minimal"
+  debootstrap --variant=minbase sid "$SYSROOT" "$MIRROR" >"$SYSROOT.debootstrap.log" 2>&1
+}
 
 log "debootstrap sid into $SYSROOT from $MIRROR"
 T0=$(date +%s)
-debootstrap --variant=minbase sid "$SYSROOT" "$MIRROR" >"$SYSROOT.debootstrap.log" 2>&1 \
+# One retry: a mirror hiccup should not fail CI.
+bootstrap_base || { log "debootstrap failed; retrying once"; sleep 5; bootstrap_base; } \
   || { tail -30 "$SYSROOT.debootstrap.log" >&2; die "debootstrap failed (log: $SYSROOT.debootstrap.log)"; }
 log "base system in $(( $(date +%s) - T0 )) s"
 
@@ -126,6 +129,7 @@ cp -L /etc/resolv.conf "$SYSROOT/etc/resolv.conf"
 mountpoint -q "$SYSROOT/proc" || mount -t proc proc "$SYSROOT/proc"
 cat > "$SYSROOT/etc/apt/apt.conf.d/90te" <<'EOF'
 Acquire::Check-Valid-Until "false";
+Acquire::Retries "3";
 APT::Install-Recommends "false";
 APT::Install-Suggests "false";
 Dpkg::Use-Pty "false";
@@ -153,7 +157,8 @@ big=$(find "$SYSROOT/usr/lib" -type f \( -name '*.co' -o -name '*.hsaco' -o -nam
   echo "key=$KEY"
   echo "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   in_root dpkg-query -W -f='${Package}=${Version}\n' hipcc libamdhip64-dev librocblas-dev \
-    libhipblaslt-dev rocm-device-libs-21 cmake python3 2>/dev/null | sort || true
+    libhipblaslt-dev 'rocm-device-libs-*' 'clang-[0-9]*' cmake python3 2>/dev/null \
+    | grep -v '=$' | sort || true
 } > "$SYSROOT/$STAMP_FILE.tmp"
 mv "$SYSROOT/$STAMP_FILE.tmp" "$SYSROOT/$STAMP_FILE"
 

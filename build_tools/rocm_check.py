@@ -37,7 +37,6 @@ SOURCE_EXTS = (".cu", ".cpp")
 # The portability header names both vendors inside #if branches; hipify renames it arch_hip.h.
 PORTABILITY_HEADERS = ("util/arch.h", "util/arch_hip.h")
 REQUIRED_NEEDED = ("libamdhip64", "librocblas", "libhipblaslt")
-LLVM_SUFFIX = "-21"  # sid's hipcc is built on LLVM 21; its tools carry the version suffix
 
 # ---------------------------------------------------------------------------------------------
 # Sources and their hipified twins
@@ -372,7 +371,7 @@ def declared_c_api(preprocessed: str) -> list:
     return sorted(set(re.findall(r"\b(nvte_\w+)\s*\(", preprocessed)))
 
 
-def _preprocess_public_headers(root, work: str) -> str:
+def _preprocess_public_headers(root, tools, work: str) -> str:
     """The public C headers, all included once and run through the sysroot's C preprocessor
     (some declare entry points through macros)."""
     inc = os.path.join(COMMON_DIR, "include")
@@ -381,7 +380,7 @@ def _preprocess_public_headers(root, work: str) -> str:
     probe = os.path.join(work, "all_headers.c")
     with open(probe, "w") as fh:
         fh.writelines(f'#include "transformer_engine/{h}"\n' for h in headers)
-    return root.run([f"/usr/bin/clang{LLVM_SUFFIX}", "-E", "-P", "-x", "c", "-I", inc, probe],
+    return root.run([tools("clang"), "-E", "-P", "-x", "c", "-I", inc, probe],
                     capture=True).stdout
 
 
@@ -479,13 +478,18 @@ def existing_outputs(build_dir: str) -> dict:
             "hipified": os.path.join(build_dir, "hipified", "common"), "cmake_dir": cmake_dir}
 
 
-def _llvm(tool: str) -> str:
-    return f"/usr/bin/{tool}{LLVM_SUFFIX}"
+class LlvmTools:
+    """The LLVM tools of the sysroot's HIP compiler (hipconfig --hipclangpath, e.g.
+    /usr/lib/llvm-21/bin), by plain name, so a newer LLVM in sid needs no edit here."""
 
+    def __init__(self, root):
+        res = root.run(["hipconfig", "--hipclangpath"], capture=True)
+        self.bin_dir = res.stdout.strip().splitlines()[-1]
+        # clang-offload-bundler runs llvm-objcopy by its plain name, found only in this folder.
+        self.env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin"}
 
-# clang-offload-bundler runs llvm-objcopy by its plain name, which only LLVM's own bin folder
-# provides on Debian.
-_TOOLS_ENV = {"PATH": f"/usr/bin:/bin:/usr/lib/llvm{LLVM_SUFFIX}/bin"}
+    def __call__(self, tool: str) -> str:
+        return os.path.join(self.bin_dir, tool)
 
 
 def step_hipify(report: Report, hip_dir: str) -> None:
@@ -501,10 +505,10 @@ def step_hipify(report: Report, hip_dir: str) -> None:
                problems)
 
 
-def step_fatbin(report: Report, root, lib: str, work: str, archs: list) -> dict:
+def step_fatbin(report: Report, root, tools, lib: str, work: str, archs: list) -> dict:
     """Lists every offload bundle of .hip_fatbin; returns {arch: mangled kernel names}."""
     fatbin = os.path.join(work, "hip_fatbin.bin")
-    root.run([_llvm("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", lib,
+    root.run([tools("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", lib,
               os.path.join(work, "discard.so")])
     with open(fatbin, "rb") as fh:
         bundles = split_bundles(fh.read())
@@ -514,8 +518,8 @@ def step_fatbin(report: Report, root, lib: str, work: str, archs: list) -> dict:
         path = os.path.join(work, f"bundle{i}.o")
         with open(path, "wb") as fh:
             fh.write(blob)
-        res = root.run([_llvm("clang-offload-bundler"), "--list", "--type=o", f"--input={path}"],
-                       env=_TOOLS_ENV, capture=True, check=False)
+        res = root.run([tools("clang-offload-bundler"), "--list", "--type=o", f"--input={path}"],
+                       env=tools.env, capture=True, check=False)
         if res.returncode != 0:
             problems.append(f"bundle {i}: clang-offload-bundler --list failed: {res.stdout[-300:]}")
             continue
@@ -527,9 +531,9 @@ def step_fatbin(report: Report, root, lib: str, work: str, archs: list) -> dict:
                 problems.append(f"bundle {i}: no code object for {arch} (has {targets})")
                 continue
             co = os.path.join(work, f"bundle{i}-{arch}.co")
-            root.run([_llvm("clang-offload-bundler"), "--unbundle", "--type=o",
-                      f"--targets={target}", f"--input={path}", f"--output={co}"], env=_TOOLS_ENV)
-            notes = root.run([_llvm("llvm-readelf"), "--notes", co], capture=True).stdout
+            root.run([tools("clang-offload-bundler"), "--unbundle", "--type=o",
+                      f"--targets={target}", f"--input={path}", f"--output={co}"], env=tools.env)
+            notes = root.run([tools("llvm-readelf"), "--notes", co], capture=True).stdout
             per_arch[arch] += parse_kernel_notes(notes)
     gpu_targets = sorted(t.split("--")[-1] for t in listed if t.startswith("hip"))
     report.add("fatbin", bool(bundles) and not problems,
@@ -539,12 +543,12 @@ def step_fatbin(report: Report, root, lib: str, work: str, archs: list) -> dict:
     return per_arch
 
 
-def step_kernels(report: Report, root, per_arch: dict, archs: list) -> None:
+def step_kernels(report: Report, root, tools, per_arch: dict, archs: list) -> None:
     families = kernel_families()
     problems, lines = [], []
     for arch in archs:
         mangled = sorted(set(per_arch[arch]))
-        demangled = root.run([_llvm("llvm-cxxfilt")] + mangled, capture=True).stdout.splitlines() \
+        demangled = root.run([tools("llvm-cxxfilt")] + mangled, capture=True).stdout.splitlines() \
             if mangled else []
         found = match_families(families, demangled)
         for fam, names in sorted(families.items()):
@@ -569,12 +573,13 @@ def step_needed(report: Report, root, lib: str) -> None:
                [f"missing {m}" for m in missing])
 
 
-def step_symbols(report: Report, root, lib: str, work: str, cuda_syms, out_file: str) -> None:
+def step_symbols(report: Report, root, tools, lib: str, work: str, cuda_syms,
+                 out_file: str) -> None:
     rocm_syms = parse_nvte_exports(
-        root.run([_llvm("llvm-nm"), "-D", "--defined-only", lib], capture=True).stdout)
+        root.run([tools("llvm-nm"), "-D", "--defined-only", lib], capture=True).stdout)
     with open(out_file, "w") as fh:
         fh.write("\n".join(rocm_syms) + "\n")
-    declared = declared_c_api(_preprocess_public_headers(root, work))
+    declared = declared_c_api(_preprocess_public_headers(root, tools, work))
     details = [f"declared in the headers, not exported by ROCm: {s}"
                for s in sorted(set(declared) - set(rocm_syms))]
     details += [f"exported by ROCm, declared in no header: {s}"
@@ -642,10 +647,11 @@ def run_checks(args) -> Report:
     with Sysroot(args.sysroot) as root:
         root.bind(ROOT, read_only=True)  # first: build_dir may lie inside the checkout
         root.bind(args.build_dir, read_only=False)
-        per_arch = step_fatbin(report, root, outputs["library"], work, archs)
-        step_kernels(report, root, per_arch, archs)
+        tools = LlvmTools(root)
+        per_arch = step_fatbin(report, root, tools, outputs["library"], work, archs)
+        step_kernels(report, root, tools, per_arch, archs)
         step_needed(report, root, outputs["library"])
-        step_symbols(report, root, outputs["library"], work, cuda_syms,
+        step_symbols(report, root, tools, outputs["library"], work, cuda_syms,
                      os.path.join(args.build_dir, "nvte_symbols_rocm.txt"))
         step_import(report, root, outputs, os.path.join(args.build_dir, "pkg"))
     report.rows.append(("total", report.ok, f"{time.time() - t_start:.0f} s"))
