@@ -5,6 +5,7 @@
 // One 2-D pass over D: each 256-thread block covers 32 consecutive columns (coalesced, since D is
 // row-major with m columns) and strides over rows, so the bias-gradient column sums accumulate
 // in registers and need one shared-memory step and one atomic per column and block.
+#include "activation/activation_math.cuh"
 #include "gemm/gemm_backend.h"
 #include "util/device_utils.cuh"
 #include "util/tensor.h"
@@ -16,19 +17,9 @@ namespace {
 constexpr int kCols = 32;
 constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kCols * kRowsPerBlock;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
-  return 0.5f * x * (1.f + t);
-}
-
-__device__ __forceinline__ float dgelu_tanh(float x) {
-  const float x2 = x * x;
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x2));
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x2);
-}
+// GELU is the activation family's own (one definition of the maths for kernels and epilogues).
+__device__ __forceinline__ float gelu_tanh(float x) { return act::GeluTanh::value(x); }
+__device__ __forceinline__ float dgelu_tanh(float x) { return act::GeluTanh::deriv(x); }
 
 // Element access by run-time dtype: this is a fallback, so one kernel serves every type mix
 // instead of an instantiation per (D, bias, aux) triple; the branch is uniform across the grid.
