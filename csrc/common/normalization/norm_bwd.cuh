@@ -250,7 +250,9 @@ bool allow_dynamic_smem(Kernel kernel, size_t smem) {
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     throw Error(kNVTEDeviceError, "could not query the device's shared memory per block");
   if (smem > size_t(limit)) return false;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // The const void* form: HIP has no templated overload taking the kernel itself.
+  if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess)
     throw Error(kNVTEDeviceError, concat("could not grant ", smem, " bytes of shared memory to "
                                          "the normalization backward"));
