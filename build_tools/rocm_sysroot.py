@@ -18,6 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SYSROOT = os.environ.get("TE_ROCM_SYSROOT", "/var/cache/te-rocm-sysroot")
 DEFAULT_ARCHS = "gfx942;gfx90a;gfx950"
+SYSROOT_PYTHON = "/usr/bin/python3"  # sid's, with python3-pybind11; hipify needs no torch there
 # The chroot sees a clean environment: only these host variables pass through.
 PASSTHROUGH = ("MAX_JOBS", "NVTE_USE_HIPBLASLT", "NVTE_ROCM_ARCH")
 
@@ -129,7 +130,7 @@ def build(sysroot: str, build_dir: str, archs: str = DEFAULT_ARCHS) -> dict:
         # Its own read-write mount, also when it lies inside the checkout (over the ro bind).
         root.bind(build_dir, read_only=False)
         t1 = time.time()
-        root.run([sys_python(), "-m", "build_tools.native_build", "--build-dir", cmake_dir],
+        root.run([SYSROOT_PYTHON, "-m", "build_tools.native_build", "--build-dir", cmake_dir],
                  cwd=ROOT, env=env)
         t_build = time.time() - t1
     lib = os.path.join(cmake_dir, "libtransformer_engine.so")
@@ -140,10 +141,6 @@ def build(sysroot: str, build_dir: str, archs: str = DEFAULT_ARCHS) -> dict:
           f"for {archs}", flush=True)
     return {"library": lib, "module": os.path.join(cmake_dir, mods[0]), "hipified": hip_dir,
             "cmake_dir": cmake_dir, "archs": archs}
-
-
-def sys_python() -> str:
-    return "/usr/bin/python3"
 
 
 def main(argv=None) -> int:
