@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gemm_hip.h"
+#include "hip_gemm_backends.h"
 #include "util/error.h"
 
 namespace te {

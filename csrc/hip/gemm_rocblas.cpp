@@ -11,7 +11,7 @@
 #include <climits>
 #include <vector>
 
-#include "gemm_hip.h"
+#include "hip_gemm_backends.h"
 #include "util/error.h"
 
 namespace te {

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "gemm_hip.h"
+#include "hip_gemm_backends.h"
 #include "util/error.h"
 
 #ifndef NVTE_DEFAULT_HIPBLASLT
