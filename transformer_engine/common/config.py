@@ -24,3 +24,38 @@ def use_hipblaslt(build_default: bool) -> tuple:
     if chosen is None:
         return build_default, "NVTE_USE_HIPBLASLT unset: build-time default"
     return chosen, f"NVTE_USE_HIPBLASLT={os.environ['NVTE_USE_HIPBLASLT']}"
+
+
+# ----- attention (transformer_engine/pytorch/attention) ------------------------------------------
+# Which of our backends each switch governs: NVTE_FUSED_ATTN = the vendor-fused kernel ('cudnn' on
+# NVIDIA), NVTE_FLASH_ATTN = our portable flash-style kernel ('portable', the AMD backend),
+# NVTE_UNFUSED_ATTN = framework ops + fused masked softmax ('unfused'). All default to 1 (allowed).
+ATTENTION_BACKEND_SWITCHES = {"cudnn": "NVTE_FUSED_ATTN", "portable": "NVTE_FLASH_ATTN",
+                              "unfused": "NVTE_UNFUSED_ATTN"}
+
+
+def attention_backend_allowed(backend: str) -> tuple:
+    """(allowed, why) for an attention backend name, from its NVTE_*_ATTN switch (default 1)."""
+    var = ATTENTION_BACKEND_SWITCHES[backend]
+    if _flag(var, True):
+        return True, f"{var} is 1 or unset"
+    return False, f"disabled by {var}=0"
+
+
+def allow_nondeterministic_algo() -> bool:
+    """NVTE_ALLOW_NONDETERMINISTIC_ALGO (default 1); 0 asks for deterministic kernels only."""
+    return bool(_flag("NVTE_ALLOW_NONDETERMINISTIC_ALGO", True))
+
+
+def debug_level() -> int:
+    """Backend-selection logging: 0 when NVTE_DEBUG is unset/0, else NVTE_DEBUG_LEVEL (default 1;
+    1 = the chosen backend, 2 = also every rejection with its reason)."""
+    if not _flag("NVTE_DEBUG", False):
+        return 0
+    raw = os.environ.get("NVTE_DEBUG_LEVEL", "").strip()
+    if raw == "":
+        return 1
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise ValueError(f"environment variable NVTE_DEBUG_LEVEL={raw!r}: expected 0, 1 or 2") from None
