@@ -8,3 +8,4 @@ from .activation import activation_backward, activation_forward, apply_activatio
 from .rope import apply_rotary_pos_emb, rope_backward, rope_forward, rope_reference  # noqa: F401
 from .normalization import NormOutput, layernorm, layernorm_bwd, layernorm_fwd, rmsnorm, rmsnorm_bwd, rmsnorm_fwd  # noqa: F401,E501
 from .softmax import scaled_masked_softmax, scaled_masked_softmax_backward, scaled_masked_softmax_forward, scaled_softmax, scaled_softmax_backward, scaled_softmax_forward, scaled_upper_triang_masked_softmax, scaled_upper_triang_masked_softmax_backward, scaled_upper_triang_masked_softmax_forward  # noqa: F401,E501
+from .attention import AttentionConfig, FusedAttention, attention_reference, fused_attention_backward, fused_attention_forward, native_attention_support  # noqa: F401,E501
