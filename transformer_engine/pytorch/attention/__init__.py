@@ -1,0 +1,5 @@
+"""Attention: the backend dispatcher, DotProductAttention, MultiheadAttention, RoPE, KV cache."""
+from .backend_selection import AttentionBackendReport, get_attention_backend  # noqa: F401
+from .dot_product_attention import DotProductAttention  # noqa: F401
+from .inference import InferenceParams  # noqa: F401
+from .rope import RotaryPositionEmbedding, apply_rotary_pos_emb  # noqa: F401

@@ -1,0 +1,255 @@
+"""DotProductAttention: softmax(scale * q k^T + mask) v behind the backend dispatcher."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.utils.checkpoint
+
+from ...common import config as env
+from ..ops import attention as attn_ops
+from ..ops._checks import check_tensor
+from . import masks
+from .backend_selection import get_attention_backend
+from .unfused import unfused_attention
+
+_OP = "DotProductAttention"
+_BIAS_TYPES = ("no_bias", "post_scale_bias")
+
+
+def _tp_world_size(tp_group, tp_size: int) -> int:
+    if tp_group is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(tp_group)
+    return int(tp_size)
+
+
+def _cu_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+
+
+class DotProductAttention(torch.nn.Module):
+    """Core attention over already projected q, k, v (NVIDIA TE's argument names).
+
+    num_attention_heads: query heads (over all tensor-parallel ranks); kv_channels: head dim, or
+    (head_dim_qk, head_dim_v); num_gqa_groups: key/value heads (GQA; 1 = MQA; None = MHA);
+    qkv_format 'sbhd' | 'bshd' | 'thd' (packed, with cu_seqlens); attn_mask_type one of
+    masks.MASK_TYPES (True in a mask = masked out); window_size (left, right), -1 unbounded;
+    softmax_scale defaults to 1/sqrt(head_dim_qk). The output is q's layout with the heads
+    flattened: [s, b, h*d_v], [b, s, h*d_v] or [t, h*d_v].
+
+    Backend: chosen per call by backend_selection.get_attention_backend (NVTE_FUSED_ATTN,
+    NVTE_FLASH_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0.
+    """
+
+    def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
+                 num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0,
+                 qkv_format: str = "sbhd", attn_mask_type: str = "causal",
+                 window_size: Optional[Tuple[int, int]] = None, sequence_parallel: bool = False,
+                 tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
+                 layer_number: Optional[int] = None, attention_type: str = "self",
+                 cp_group=None, cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
+                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla"):
+        super().__init__()
+        if cp_group is not None:
+            raise NotImplementedError(f"{_OP}: context parallelism (cp_group) is not implemented")
+        if softmax_type != "vanilla":
+            raise NotImplementedError(f"{_OP}: softmax_type {softmax_type!r}: only 'vanilla' is implemented")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(f"{_OP}: attention_type is {attention_type!r}; expected 'self' or 'cross'")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"{_OP}: attention_dropout is {attention_dropout}; expected [0, 1)")
+        tp = _tp_world_size(tp_group, tp_size)
+        num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        for name, heads in (("num_attention_heads", num_attention_heads), ("num_gqa_groups", num_gqa_groups)):
+            if heads < 1 or heads % tp:
+                raise ValueError(f"{_OP}: {name} is {heads}; expected a positive multiple of the "
+                                 f"tensor-parallel size {tp}")
+        if num_attention_heads % num_gqa_groups:
+            raise ValueError(f"{_OP}: num_attention_heads {num_attention_heads} is not a multiple "
+                             f"of num_gqa_groups {num_gqa_groups}")
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = num_gqa_groups
+        self.heads_q = num_attention_heads // tp           # per tensor-parallel rank
+        self.heads_kv = num_gqa_groups // tp
+        if isinstance(kv_channels, (tuple, list)):
+            self.head_dim_qk, self.head_dim_v = int(kv_channels[0]), int(kv_channels[1])
+        else:
+            self.head_dim_qk = self.head_dim_v = int(kv_channels)
+        self.qkv_format = masks.check_qkv_format(_OP, qkv_format)
+        self.attn_mask_type = masks.canonical_mask_type(_OP, attn_mask_type)
+        self.window_size = masks.canonical_window(_OP, window_size, self.attn_mask_type)
+        self.attention_dropout = float(attention_dropout)
+        self.softmax_scale = (1.0 / math.sqrt(self.head_dim_qk)) if softmax_scale is None else float(softmax_scale)
+        self.layer_number = layer_number
+        self.attention_type = attention_type
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.sequence_parallel = sequence_parallel
+        self.last_backend_report = None    # the report of the latest forward (for inspection)
+
+    # ----- argument handling ------------------------------------------------------------------
+
+    def _check_qkv(self, q, k, v, qkv_format):
+        dims = 3 if qkv_format == "thd" else 4
+        for name, t in (("query_layer", q), ("key_layer", k), ("value_layer", v)):
+            check_tensor(_OP, name, t, (torch.float32, torch.float16, torch.bfloat16), contiguous=False)
+            if t.dim() != dims:
+                raise ValueError(f"{_OP}: {name} has shape {tuple(t.shape)}; expected {dims} dims "
+                                 f"for qkv_format {qkv_format!r}")
+        if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+            raise ValueError(f"{_OP}: query/key/value must share dtype and device; got "
+                             f"{q.dtype}/{k.dtype}/{v.dtype} on {q.device}/{k.device}/{v.device}")
+        want = ((self.heads_q, self.head_dim_qk), (self.heads_kv, self.head_dim_qk),
+                (self.heads_kv, self.head_dim_v))
+        for (name, t), (h, d) in zip((("query_layer", q), ("key_layer", k), ("value_layer", v)), want):
+            if tuple(t.shape[-2:]) != (h, d):
+                raise ValueError(f"{_OP}: {name} has shape {tuple(t.shape)}; expected [..., {h} "
+                                 f"heads, head dim {d}] (num_attention_heads/num_gqa_groups/"
+                                 "kv_channels per tensor-parallel rank)")
+        if qkv_format != "thd":
+            bq = q.shape[0] if qkv_format == "bshd" else q.shape[1]
+            sk_axis, b_axis = (1, 0) if qkv_format == "bshd" else (0, 1)
+            if k.shape[b_axis] != bq or v.shape[b_axis] != bq or k.shape[sk_axis] != v.shape[sk_axis]:
+                raise ValueError(f"{_OP}: key/value shapes {tuple(k.shape)}/{tuple(v.shape)} do not "
+                                 f"match query {tuple(q.shape)} in batch or each other in sequence")
+
+    def _lengths(self, q, k, qkv_format, mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv):
+        """Per-sequence lengths for padding types (from cu_seqlens or a padding mask), and the
+        cu_seqlens the fused kernels take."""
+        if qkv_format == "thd":
+            if cu_seqlens_q is None or cu_seqlens_kv is None:
+                raise ValueError(f"{_OP}: qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
+            for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv)):
+                check_tensor(_OP, name, cu, (torch.int32,))
+            if cu_seqlens_q.numel() != cu_seqlens_kv.numel() or cu_seqlens_q.dim() != 1:
+                raise ValueError(f"{_OP}: cu_seqlens_q/cu_seqlens_kv have shapes "
+                                 f"{tuple(cu_seqlens_q.shape)}/{tuple(cu_seqlens_kv.shape)}; expected [b + 1] each")
+            return None, None, cu_seqlens_q, cu_seqlens_kv
+        if not masks.is_padding(mask_type):
+            return None, None, None, None
+        b = q.shape[0] if qkv_format == "bshd" else q.shape[1]
+        sq, sk = (q.shape[1], k.shape[1]) if qkv_format == "bshd" else (q.shape[0], k.shape[0])
+        if cu_seqlens_q is not None and cu_seqlens_kv is not None:
+            return masks.seqlens_from_cu(cu_seqlens_q), masks.seqlens_from_cu(cu_seqlens_kv), \
+                cu_seqlens_q.to(torch.int32), cu_seqlens_kv.to(torch.int32)
+        if attention_mask is None:
+            raise ValueError(f"{_OP}: attn_mask_type {mask_type!r} needs attention_mask (True = "
+                             "padded) or cu_seqlens_q/cu_seqlens_kv")
+        if isinstance(attention_mask, (tuple, list)):
+            mask_q, mask_kv = attention_mask
+        else:
+            if sq != sk:
+                raise ValueError(f"{_OP}: with sq {sq} != sk {sk}, attention_mask must be a tuple "
+                                 "(query padding mask, key padding mask)")
+            mask_q = mask_kv = attention_mask
+        lq = masks.seqlens_from_padding_mask(_OP, "attention_mask (query)", mask_q, sq)
+        lk = masks.seqlens_from_padding_mask(_OP, "attention_mask (key)", mask_kv, sk)
+        if lq.numel() != b or lk.numel() != b:
+            raise ValueError(f"{_OP}: attention_mask has batch {lq.numel()}; expected {b}")
+        return lq, lk, _cu_from_lengths(lq), _cu_from_lengths(lk)
+
+    def _arbitrary_mask(self, attention_mask, q_shape_b, sq, sk):
+        if attention_mask is None or isinstance(attention_mask, (tuple, list)):
+            raise ValueError(f"{_OP}: attn_mask_type 'arbitrary' needs attention_mask, a bool "
+                             f"tensor [b or 1, h or 1, {sq}, {sk}] with True = masked out")
+        check_tensor(_OP, "attention_mask", attention_mask, (torch.bool,), contiguous=False)
+        m = attention_mask
+        if m.dim() != 4 or m.shape[0] not in (1, q_shape_b) or m.shape[1] not in (1, self.heads_q) \
+                or tuple(m.shape[2:]) != (sq, sk):
+            raise ValueError(f"{_OP}: attention_mask has shape {tuple(m.shape)}; expected "
+                             f"[{q_shape_b} or 1, {self.heads_q} or 1, {sq}, {sk}]")
+        return m
+
+    def _rng_context(self):
+        if self.get_rng_state_tracker is None:
+            return None
+        return lambda: self.get_rng_state_tracker().fork()
+
+    # ----- forward ----------------------------------------------------------------------------
+
+    def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor, value_layer: torch.Tensor,
+                attention_mask=None, qkv_format: Optional[str] = None,
+                cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_kv: Optional[torch.Tensor] = None,
+                cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
+                max_seqlen_q: Optional[int] = None, max_seqlen_kv: Optional[int] = None,
+                attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
+                checkpoint_core_attention: bool = False, core_attention_bias_type: str = "no_bias",
+                core_attention_bias: Optional[torch.Tensor] = None, alibi_slopes=None,
+                fast_zero_fill: bool = True, inference_params=None) -> torch.Tensor:
+        qkv_format = masks.check_qkv_format(_OP, qkv_format or self.qkv_format)
+        mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(_OP, attn_mask_type)
+        window = self.window_size if window_size is None else masks.canonical_window(_OP, window_size, mask_type)
+        if window_size is None and masks.is_causal(mask_type):
+            window = (window[0], 0)
+        if alibi_slopes is not None or core_attention_bias_type not in _BIAS_TYPES:
+            raise NotImplementedError(f"{_OP}: core_attention_bias_type {core_attention_bias_type!r} / "
+                                      f"alibi_slopes: only {', '.join(_BIAS_TYPES)} are implemented")
+        if cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None:
+            raise NotImplementedError(f"{_OP}: cu_seqlens_*_padded (thd with gaps between "
+                                      "sequences) is not implemented")
+        q, k, v = query_layer, key_layer, value_layer
+        self._check_qkv(q, k, v, qkv_format)
+        out_format = qkv_format
+        if inference_params is not None:
+            q, k, v, qkv_format, mask_type = self._use_kv_cache(inference_params, q, k, v, qkv_format, mask_type)
+        bias = None
+        if core_attention_bias_type == "post_scale_bias":
+            if core_attention_bias is None:
+                raise ValueError(f"{_OP}: core_attention_bias_type 'post_scale_bias' needs core_attention_bias")
+            bias = core_attention_bias
+        lq, lk, cu_q, cu_kv = self._lengths(q, k, qkv_format, mask_type, attention_mask,
+                                            cu_seqlens_q, cu_seqlens_kv)
+        if qkv_format == "thd":
+            max_seqlen_q = int(masks.seqlens_from_cu(cu_q).max()) if max_seqlen_q is None else int(max_seqlen_q)
+            max_seqlen_kv = int(masks.seqlens_from_cu(cu_kv).max()) if max_seqlen_kv is None else int(max_seqlen_kv)
+        arbitrary = None
+        if mask_type == "arbitrary":
+            b = q.shape[0] if qkv_format == "bshd" else q.shape[1]
+            sq, sk = (q.shape[1], k.shape[1]) if qkv_format == "bshd" else (q.shape[0], k.shape[0])
+            if qkv_format == "thd":
+                raise ValueError(f"{_OP}: attn_mask_type 'arbitrary' takes a dense mask; use bshd or sbhd")
+            arbitrary = self._arbitrary_mask(attention_mask, b, sq, sk)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        cfg = attn_ops.AttentionConfig.from_tensors(
+            q, k, v, qkv_format=qkv_format, mask_type=mask_type, window_size=window,
+            dropout_p=dropout_p, has_bias=bias is not None,
+            deterministic=not env.allow_nondeterministic_algo(), cu_seqlens_q=cu_q,
+            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+        report = get_attention_backend(cfg)
+        self.last_backend_report = report
+
+        def core(q_, k_, v_):
+            if report.chosen == "unfused":
+                return unfused_attention(
+                    q_, k_, v_, qkv_format=qkv_format, mask_type=mask_type, window=window,
+                    softmax_scale=self.softmax_scale, dropout_p=dropout_p, training=self.training,
+                    cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
+                    max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
+                    arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+            return attn_ops.FusedAttention.apply(
+                q_.contiguous(), k_.contiguous(), v_.contiguous(), report.chosen, qkv_format,
+                mask_type, window, self.softmax_scale, dropout_p, cu_q, cu_kv, max_seqlen_q,
+                max_seqlen_kv, cfg.deterministic)
+
+        if checkpoint_core_attention and torch.is_grad_enabled():
+            out = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
+        else:
+            out = core(q, k, v)
+        if inference_params is not None and out_format == "sbhd":
+            out = out.transpose(0, 1)
+        return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
+
+    def _use_kv_cache(self, inference_params, q, k, v, qkv_format, mask_type):
+        """Append this step's k/v to the layer's cache and attend over the whole cache (bshd).
+        The causal diagonal is anchored bottom-right: new query i sits at position offset + i."""
+        if qkv_format == "thd":
+            raise NotImplementedError(f"{_OP}: inference_params with qkv_format 'thd' is not implemented")
+        if self.layer_number is None:
+            raise ValueError(f"{_OP}: inference_params needs layer_number (the cache key of this layer)")
+        if qkv_format == "sbhd":
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        k, v = inference_params.update_and_read(self.layer_number, k, v)
+        mask_type = {"causal": "causal_bottom_right",
+                     "padding_causal": "padding_causal_bottom_right"}.get(mask_type, mask_type)
+        return q, k, v, "bshd", mask_type

@@ -1,0 +1,55 @@
+"""Rotary position embedding: the module that makes the angle table, and the differentiable apply
+(the fused kernel of ops/rope.py on a supported GPU, its reference elsewhere)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..ops.rope import apply_rotary_pos_emb  # noqa: F401  (the public function lives with its kernel)
+
+
+class RotaryPositionEmbedding(torch.nn.Module):
+    """Angle table for RoPE: forward(max_seq_len, offset=0) -> float32 [max_seq_len, 1, 1, R].
+
+    R = int(dim * rotary_percent) rounded down to even; inverse frequencies base^(-2i/R). Row p holds
+    the angles of position p + offset (divided by seq_len_interpolation_factor when given). The
+    layout matches apply_rotary_pos_emb: rotate-half repeats the R/2 angles twice, interleaved
+    repeats each angle for its pair.
+    """
+
+    def __init__(self, dim: int, rotary_percent: float = 1.0,
+                 seq_len_interpolation_factor: Optional[float] = None,
+                 pretrained_max_position_embeddings: Optional[int] = None,
+                 rotary_base: float = 10000.0, interleaved: bool = False):
+        super().__init__()
+        if not 0.0 < rotary_percent <= 1.0:
+            raise ValueError(f"RotaryPositionEmbedding: rotary_percent is {rotary_percent}; expected (0, 1]")
+        rot = int(dim * rotary_percent) // 2 * 2
+        if rot < 2:
+            raise ValueError(f"RotaryPositionEmbedding: dim {dim} x rotary_percent {rotary_percent} "
+                             "leaves fewer than 2 rotary channels")
+        self.rotary_dim = rot
+        self.seq_len_interpolation_factor = seq_len_interpolation_factor
+        self.pretrained_max_position_embeddings = pretrained_max_position_embeddings
+        self.interleaved = interleaved
+        inv_freq = 1.0 / (rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        pos = torch.arange(max_seq_len, device=self.inv_freq.device, dtype=torch.float32) + offset
+        if (self.pretrained_max_position_embeddings is not None
+                and self.seq_len_interpolation_factor is not None
+                and max_seq_len > self.pretrained_max_position_embeddings / self.seq_len_interpolation_factor):
+            # the sequence outgrows the interpolated range: stretch to cover it
+            factor = max_seq_len / self.pretrained_max_position_embeddings
+        else:
+            factor = self.seq_len_interpolation_factor
+        if factor is not None:
+            pos = pos / factor
+        angles = torch.outer(pos, self.inv_freq.float())                     # [s, R/2]
+        if self.interleaved:
+            table = angles.repeat_interleave(2, dim=-1)
+        else:
+            table = torch.cat((angles, angles), dim=-1)
+        return table.view(max_seq_len, 1, 1, self.rotary_dim)
