@@ -6,6 +6,7 @@ Build-time environment variables (all listed in README.rst):
   NVTE_ROCM_ARCH      ROCm offload archs, default "gfx942;gfx90a"
   NVTE_FRAMEWORK      pytorch,jax | all | none; default: the installed ones
   NVTE_USE_HIPBLASLT  ROCm: the GEMM library used when the variable is unset at run time (1 = hipBLASLt)
+  NVTE_XLA_FFI_INCLUDE  XLA FFI headers for the JAX handlers (default: the installed jaxlib's)
   CUDA_HOME, ROCM_PATH, MAX_JOBS
 """
 from __future__ import annotations

@@ -15,7 +15,23 @@ import sysconfig
 from .backend import BuildPlan, plan_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUTPUT_GLOBS = ("libtransformer_engine.so", "_native*.so")
+OUTPUT_GLOBS = ("libtransformer_engine.so", "_native*.so")  # _native*: also _native_jax
+
+
+def xla_ffi_include_dir() -> str | None:
+    """XLA's header-only FFI API for the JAX handlers: NVTE_XLA_FFI_INCLUDE (e.g. a copy made for
+    a build without JAX, like the ROCm sysroot), else the installed jaxlib's include folder
+    (what jax.ffi.include_dir() returns, found without importing jax)."""
+    given = os.environ.get("NVTE_XLA_FFI_INCLUDE")
+    if given:
+        return given
+    import importlib.util
+    spec = importlib.util.find_spec("jaxlib")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        cand = os.path.join(root, "include")
+        if os.path.isfile(os.path.join(cand, "xla", "ffi", "api", "ffi.h")):
+            return cand
+    return None
 
 
 def cublas_search_dirs() -> list:
@@ -76,6 +92,9 @@ def configure_args(plan: BuildPlan, build_dir: str) -> list:
         f"-Dpybind11_DIR={_pybind11_cmake_dir()}",
         "-DCMAKE_BUILD_TYPE=Release",
     ]
+    ffi_include = xla_ffi_include_dir() if "jax" in plan.frameworks else None
+    if ffi_include:
+        args.append(f"-DNVTE_XLA_FFI_INCLUDE={ffi_include}")
     if shutil.which("ninja"):
         args.append("-GNinja")
     if plan.backend == "cuda":

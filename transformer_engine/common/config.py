@@ -59,3 +59,31 @@ def debug_level() -> int:
         return max(0, int(raw))
     except ValueError:
         raise ValueError(f"environment variable NVTE_DEBUG_LEVEL={raw!r}: expected 0, 1 or 2") from None
+
+
+JAX_CUSTOM_CALLS = ("quantize", "cast_transpose", "layernorm", "rmsnorm", "activation",
+                    "softmax", "gemm", "delayed_scaling")
+
+
+def jax_custom_call_enabled(name: str) -> bool:
+    """Whether the JAX primitive `name` (one of JAX_CUSTOM_CALLS) may use its XLA FFI custom
+    call; when not, the jnp reference runs. NVTE_JAX_CUSTOM_CALLS: unset, '1' or 'all': every
+    one on; '0' or 'none': every one off; a comma list of names turns on only those
+    ('gemm,layernorm'); names with a leading '-' turn those off and leave the rest on ('-gemm')."""
+    value = os.environ.get("NVTE_JAX_CUSTOM_CALLS", "").strip().lower()
+    if value in ("", "1", "all", "true", "on"):
+        return True
+    if value in ("0", "none", "false", "off"):
+        return False
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v.lstrip("-") not in JAX_CUSTOM_CALLS]
+    if bad:
+        raise ValueError(f"environment variable NVTE_JAX_CUSTOM_CALLS={value!r}: unknown {bad}; "
+                         f"expected 0, 1, or a comma list of {', '.join(JAX_CUSTOM_CALLS)} "
+                         f"(a leading '-' turns one off)")
+    if all(v.startswith("-") for v in items):
+        return f"-{name}" not in items
+    if any(v.startswith("-") for v in items):
+        raise ValueError(f"environment variable NVTE_JAX_CUSTOM_CALLS={value!r}: mix of names and "
+                         f"'-name'; give either the ones to turn on or the ones to turn off")
+    return name in items
