@@ -1,0 +1,477 @@
+"""Numerics of every module against a plain-PyTorch reference model with the same weights.
+
+The reference is written here in plain torch (F.linear, F.layer_norm, the activations' formulas) and
+evaluated in float64 from the module's own (dtype-rounded) parameters and input: the exact result
+of the maths the module claims to compute. Compared are the output and ALL gradients (input, every
+parameter incl. the norm's weight and bias).
+
+Tolerances (tests/tolerances.py): high precision elementwise, rtol of the dtype and an atol of a
+few of its ulps at the tensor's largest magnitude (sums of many terms round relative to their
+largest terms, not to a cancelled result); FP8 by the relative norm of the error, below the rtol of
+the format the tensor went through (E4M3 forward, E5M2 gradients under HYBRID).
+
+Also here: te.checkpoint vs plain (bit-exact, FP8 included, dropout through the RNG tracker),
+fuse_wgrad_accumulation into main_grad vs plain, fp8_model_init vs high-precision weights,
+torch.compile(fullgraph=True) vs eager, and state_dict round trips of the FP8 metadata.
+"""
+import copy
+import io
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from module_cases import (  # noqa: E402
+    ACTIVATIONS, DTYPES, GATED, GEMM_MODULES, HAS_NATIVE_GPU, MODULES, NORMALIZATIONS, SHAPES, autocast,
+    make_module, spread_cases)
+from utils import DEVICES, native_gpu_reason, randn, tols  # noqa: E402
+
+import transformer_engine.pytorch as te  # noqa: E402
+from transformer_engine.common import recipe as te_recipe  # noqa: E402
+
+EPS = 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# The plain-PyTorch reference model
+# ---------------------------------------------------------------------------------------------
+
+def _act(name, x):
+    if name in GATED:
+        a, gate = x.chunk(2, dim=-1)
+        return _act({"geglu": "gelu", "reglu": "relu", "swiglu": "silu", "qgeglu": "qgelu",
+                     "sreglu": "srelu"}[name], a) * gate
+    return {"gelu": lambda v: F.gelu(v, approximate="tanh"),
+            "relu": F.relu,
+            "qgelu": lambda v: v * torch.sigmoid(1.702 * v),
+            "srelu": lambda v: F.relu(v) ** 2,
+            "silu": F.silu}[name](x)
+
+
+def _norm(kind, x, p, prefix, zero_centered_gamma):
+    w = p[prefix + "weight"]
+    gamma = w + 1 if zero_centered_gamma else w
+    if kind == "LayerNorm":
+        return F.layer_norm(x, x.shape[-1:], gamma, p[prefix + "bias"], EPS)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * gamma
+
+
+def reference_forward(module, case, x, p):
+    """The module's maths in plain torch; p: parameter name -> tensor (NVIDIA TE's names)."""
+    zcg = case.get("zero_centered_gamma", False)
+    if module == "Linear":
+        return F.linear(x, p["weight"], p.get("bias"))
+    if module in ("LayerNorm", "RMSNorm"):
+        return _norm(module, x, p, "", zcg)
+    ln = _norm(case.get("normalization", "LayerNorm"), x, p, "layer_norm_", zcg)
+    if module == "LayerNormLinear":
+        return F.linear(ln, p["weight"], p.get("bias"))
+    h = _act(case.get("activation", "gelu"), F.linear(ln, p["fc1_weight"], p.get("fc1_bias")))
+    return F.linear(h, p["fc2_weight"], p.get("fc2_bias"))
+
+
+def reference_grads(module, case, m, x, dy):
+    """(output, {name: grad}) of the reference in float64 from the module's parameters."""
+    p = {n: t.detach().to(torch.float64).requires_grad_() for n, t in _hp_params(m).items()}
+    xd = x.detach().to(torch.float64).requires_grad_()
+    out = reference_forward(module, case, xd, p)
+    out.backward(dy.to(torch.float64))
+    grads = {n: t.grad for n, t in p.items()}
+    grads["input"] = xd.grad
+    return out.detach(), grads
+
+
+def _hp_params(m):
+    """Parameters as high-precision tensors (a Float8Tensor weight reads as its dequantised value)."""
+    out = {}
+    for n, t in m.named_parameters():
+        t = t.detach()
+        if isinstance(t, te.Float8Tensor):
+            t = t.dequantize()
+        out[n] = t
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons
+# ---------------------------------------------------------------------------------------------
+
+def assert_close_hp(got, want, dtype, what):
+    """Elementwise: |got - want| <= rtol |want| + atol + 4 rtol max|want| (dtype's rtol/atol)."""
+    t = tols(dtype)
+    want = want.to(torch.float64).cpu()
+    got = got.detach().to(torch.float64).cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    peak = want.abs().max().item() if want.numel() else 0.0
+    torch.testing.assert_close(got, want, rtol=t["rtol"], atol=t["atol"] + 4 * t["rtol"] * peak,
+                               msg=lambda m: f"{what} ({dtype}): {m}")
+
+
+def assert_close_fp8(got, want, fmt, what):
+    """||got - want|| / ||want|| <= rtol of the FP8 format (`fmt`: 'float8_e4m3'/'float8_e5m2')."""
+    want = want.to(torch.float64).cpu()
+    got = got.detach().to(torch.float64).cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert err <= tols(fmt)["rtol"], f"{what}: relative error {err:.4f} > {tols(fmt)['rtol']} ({fmt})"
+
+
+def _module_grads(m, x):
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    grads["input"] = x.grad
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------
+# Module vs reference
+# ---------------------------------------------------------------------------------------------
+
+def _numerics_cases(device):
+    full = device == "cuda"
+    params = []
+    for module in MODULES:
+        axes = {"dtype": tuple(DTYPES), "shape": ("small", "odd")}
+        if module in GEMM_MODULES:
+            axes.update(recipe=("none", "delayed", "current"), bias=(True, False))
+        else:
+            axes["recipe"] = ("none",)
+        if module != "Linear":
+            axes["zero_centered_gamma"] = (False, True)
+        if module in ("LayerNormLinear", "LayerNormMLP"):
+            axes["normalization"] = NORMALIZATIONS
+        if module == "LayerNormMLP":
+            axes["activation"] = ACTIVATIONS
+        core = {"LayerNormMLP": ("dtype", "recipe", "activation", "normalization") if full else ("recipe", "activation"),
+                "LayerNormLinear": ("dtype", "recipe", "normalization", "zero_centered_gamma") if full
+                else ("dtype", "recipe")}.get(module, ("dtype", "recipe", "shape") if full else ("dtype", "recipe"))
+        for case in spread_cases(axes, core, f"numerics-{module}-{device}"):
+            if case["recipe"] != "none":
+                case["shape"] = "small"  # FP8 needs dims that are multiples of 16
+            ident = "-".join(str(case[k]) for k in sorted(case))
+            params.append(pytest.param(device, module, case, id=f"{device}-{module}-{ident}"))
+    return params
+
+
+def _all_numerics_cases():
+    cases = _numerics_cases("cpu")
+    if HAS_NATIVE_GPU:
+        cases += _numerics_cases("cuda")
+    else:
+        cases.append(pytest.param("cuda", None, None, id="cuda-all",
+                                  marks=pytest.mark.skip(reason=native_gpu_reason())))
+    return cases
+
+
+def _run(m, module, x, dy, recipe_name, steps=1):
+    """steps forward+backward calls under the recipe; the gradients are those of the last one."""
+    for _ in range(steps):
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        with autocast(recipe_name):
+            out = m(x)
+        out.backward(dy)
+    return out
+
+
+def _case_module(device, module, case, dtype, shape, **extra):
+    options = {k: case[k] for k in ("bias", "normalization", "activation", "zero_centered_gamma") if k in case}
+    return make_module(module, shape, dtype, device, **options, **extra)
+
+
+def _randomise_norm_params(m):
+    """Norm weights start at 1 (0 with zero_centered_gamma) and biases at 0: draw them instead, so
+    a swapped or ignored parameter shows."""
+    with torch.no_grad():
+        for i, (n, p) in enumerate(m.named_parameters()):
+            if n.startswith("layer_norm_") or n in ("weight", "bias") and isinstance(m, (te.LayerNorm, te.RMSNorm)):
+                base = 0.0 if n.endswith("bias") or getattr(m, "zero_centered_gamma", False) else 1.0
+                p.copy_(base + 0.3 * randn(p.shape, torch.float32, "cpu", seed=100 + i).to(p.device, p.dtype))
+            elif n.endswith("bias"):
+                p.copy_(0.5 * randn(p.shape, torch.float32, "cpu", seed=100 + i).to(p.device, p.dtype))
+
+
+@pytest.mark.parametrize("device,module,case", _all_numerics_cases())
+def test_module_matches_reference(device, module, case):
+    dtype = DTYPES[case["dtype"]]
+    shape = SHAPES[case["shape"]]
+    torch.manual_seed(99)
+    m = _case_module(device, module, case, dtype, shape)
+    _randomise_norm_params(m)
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=11).requires_grad_()
+    out_features = shape.ffn if module in ("Linear", "LayerNormLinear") else shape.hidden
+    dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=12)
+    # delayed scaling starts from scale 1: let the amax history fill before judging it
+    out = _run(m, module, x, dy, case["recipe"], steps=3 if case["recipe"] == "delayed" else 1)
+    want, want_grads = reference_grads(module, case, m, x, dy)
+    grads = _module_grads(m, x)
+    if case["recipe"] == "none":
+        assert_close_hp(out, want, dtype, f"{module} output")
+        for n, g in want_grads.items():
+            assert grads[n] is not None, f"{module}: no gradient for {n}"
+            assert_close_hp(grads[n], g, dtype, f"{module} grad of {n}")
+    else:
+        assert_close_fp8(out, want, "float8_e4m3", f"{module} output")
+        for n, g in want_grads.items():
+            assert grads[n] is not None, f"{module}: no gradient for {n}"
+            assert_close_fp8(grads[n], g, "float8_e5m2", f"{module} grad of {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# te.checkpoint vs plain: bit-exact
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("recipe_name", ["none", "delayed", "current"])
+def test_checkpoint_bit_exact(device, module, recipe_name):
+    shape = SHAPES["small"]
+    dtype = torch.bfloat16
+    torch.manual_seed(5)
+    plain = make_module(module, shape, dtype, device)
+    ckpt = copy.deepcopy(plain)
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=21)
+    out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
+    for step in range(3):  # several steps: delayed scaling's scales move between them
+        dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=30 + step)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        plain.zero_grad(set_to_none=True)
+        ckpt.zero_grad(set_to_none=True)
+        with autocast(recipe_name):
+            ya = plain(xa)
+        ya.backward(dy)
+        with autocast(recipe_name):
+            yb = te.checkpoint(ckpt, xb)
+        yb.backward(dy)
+        assert torch.equal(ya, yb), f"step {step}: checkpointed output differs"
+        assert torch.equal(xa.grad, xb.grad), f"step {step}: checkpointed input grad differs"
+        for (n, pa), (_, pb) in zip(plain.named_parameters(), ckpt.named_parameters()):
+            assert torch.equal(pa.grad, pb.grad), f"step {step}: checkpointed grad of {n} differs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_with_dropout_through_rng_tracker(device):
+    """Dropout inside a tracker fork: the recompute must draw the same mask."""
+    shape = SHAPES["small"]
+    dtype = torch.float32
+    torch.manual_seed(6)
+    lin = make_module("Linear", shape, dtype, device)
+    tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
+    tracker.add("model-parallel-rng", 4321)
+
+    def block(inp):
+        y = lin(inp)
+        with tracker.fork():
+            return F.dropout(y, p=0.5, training=True)
+
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=22)
+    dy = randn((shape.batch, shape.seq, shape.ffn), dtype, device, seed=23)
+    states = tracker.get_states()
+    xa = x.clone().requires_grad_()
+    ya = block(xa)
+    ya.backward(dy)
+    ga = lin.weight.grad.clone()
+    lin.zero_grad(set_to_none=True)
+
+    tracker.set_states(states)
+    xb = x.clone().requires_grad_()
+    yb = te.checkpoint(block, xb, distribute_saved_activations=False,
+                       get_rng_state_tracker=lambda: tracker, tp_group=None)
+    # draw from the generators between forward and recompute: the recompute must not see it
+    torch.rand(7, device=device)
+    with tracker.fork():
+        torch.rand(7, device=device)
+    yb.backward(dy)
+    assert (ya == 0).any() and not (ya == 0).all(), "dropout did nothing"
+    assert torch.equal(ya, yb)
+    assert torch.equal(xa.grad, xb.grad)
+    assert torch.equal(ga, lin.weight.grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# fuse_wgrad_accumulation: main_grad += wgrad
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("recipe_name", ["none", "current"])
+def test_fuse_wgrad_accumulation(device, module, dtype, recipe_name):
+    shape = SHAPES["small"]
+    torch.manual_seed(7)
+    plain = make_module(module, shape, dtype, device)
+    fused = make_module(module, shape, dtype, device, fuse_wgrad_accumulation=True)
+    fused.load_state_dict(plain.state_dict())
+    gemm_weights = [n for n, _ in fused.named_parameters() if n in ("weight", "fc1_weight", "fc2_weight")]
+    start = {}
+    for i, n in enumerate(gemm_weights):
+        p = getattr(fused, n)
+        start[n] = randn(p.shape, torch.float32, device, seed=40 + i)
+        p.main_grad = start[n].clone()
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=24)
+    out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
+    dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=25)
+    for m in (plain, fused):
+        for _ in range(2):  # accumulates over two micro-steps
+            with autocast(recipe_name):
+                out = m(x.clone().requires_grad_())
+            out.backward(dy)
+    for n in gemm_weights:
+        got = getattr(fused, n).main_grad - start[n]
+        want = getattr(plain, n).grad.float()
+        if recipe_name == "none":
+            assert_close_hp(got, want, dtype, f"{module} main_grad of {n}")
+        else:  # the same FP8 GEMM, written in fp32 instead of the weight dtype
+            assert_close_hp(got, want, dtype, f"{module} main_grad of {n} (FP8)")
+        assert getattr(fused, n).main_grad.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8_model_init: FP8-only weights vs high-precision weights holding the same values
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("recipe_name", ["delayed", "current"])
+def test_fp8_model_init_matches_high_precision(device, module, recipe_name):
+    shape = SHAPES["small"]
+    dtype = torch.bfloat16
+    torch.manual_seed(8)
+    r = te_recipe.DelayedScaling() if recipe_name == "delayed" else te_recipe.Float8CurrentScaling()
+    with te.fp8_model_init(enabled=True, recipe=r):
+        q = make_module(module, shape, dtype, device)
+    hp = make_module(module, shape, dtype, device)
+    fp8_names = [n for n, p in q.named_parameters() if isinstance(p, te.Float8Tensor)]
+    want_names = {"weight", "fc1_weight", "fc2_weight"} & {n for n, _ in q.named_parameters()}
+    assert set(fp8_names) == want_names, f"FP8 parameters {fp8_names}, expected {sorted(want_names)}"
+    with torch.no_grad():
+        for n, p in q.named_parameters():
+            getattr(hp, n).copy_(p.dequantize() if isinstance(p, te.Float8Tensor) else p)
+    for n in fp8_names:
+        p = getattr(q, n)
+        assert p.dtype == dtype, f"{n}: nominal dtype {p.dtype}, expected {dtype}"
+        # the stored data is one byte per element: no high-precision copy hides behind it
+        data = getattr(p, "_data", None)
+        if data is not None:
+            assert data.element_size() == 1
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=26)
+    out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
+    dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=27)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    steps = 3 if recipe_name == "delayed" else 1
+    ya = _run(q, module, xa, dy, recipe_name, steps)
+    yb = _run(hp, module, xb, dy, recipe_name, steps)
+    # same weight values, both quantised: only scale choices may differ
+    assert_close_fp8(ya, yb, "float8_e4m3", f"{module} fp8_model_init output")
+    assert_close_fp8(xa.grad, xb.grad, "float8_e5m2", f"{module} fp8_model_init input grad")
+    for n, p in q.named_parameters():
+        assert p.grad is not None, f"{n} has no gradient under fp8_model_init"
+        assert_close_fp8(p.grad, getattr(hp, n).grad, "float8_e5m2", f"{module} fp8_model_init grad of {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True) vs eager
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("recipe_name", ["none", "current"], ids=["bf16", "fp8_current"])
+def test_compiled_matches_eager(device, module, recipe_name):
+    """fullgraph=True fails on any graph break. On CPU the graph runs with aot_eager (tracing and
+    AOT autograd, no code generation: inductor on 2 CI cores would dominate the suite); on the GPU
+    with inductor."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    shape = SHAPES["small"]
+    dtype = torch.bfloat16
+    torch.manual_seed(9)
+    eager = make_module(module, shape, dtype, device)
+    compiled_module = copy.deepcopy(eager)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    r = te_recipe.Float8CurrentScaling() if recipe_name == "current" else None
+
+    def step(m, inp):
+        with te.fp8_autocast(enabled=r is not None, fp8_recipe=r):
+            return m(inp)
+
+    compiled_step = torch.compile(step, fullgraph=True, backend=backend)
+    out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
+    for i in range(2):
+        x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=50 + i)
+        dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=60 + i)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        eager.zero_grad(set_to_none=True)
+        compiled_module.zero_grad(set_to_none=True)
+        ya = step(eager, xa)
+        ya.backward(dy)
+        yb = compiled_step(compiled_module, xb)
+        yb.backward(dy)
+        assert_close_hp(yb, ya, dtype, f"compiled {module} output")
+        assert_close_hp(xb.grad, xa.grad, dtype, f"compiled {module} input grad")
+        for (n, pa), (_, pb) in zip(eager.named_parameters(), compiled_module.named_parameters()):
+            assert_close_hp(pb.grad, pa.grad, dtype, f"compiled {module} grad of {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict: FP8 metadata round trip, checkpoints without it
+# ---------------------------------------------------------------------------------------------
+
+def _train_delayed(m, shape, device, steps=3, seed=70):
+    for i in range(steps):
+        x = randn((shape.batch, shape.seq, shape.hidden), torch.bfloat16, device, seed=seed + i, scale=1 + i)
+        with autocast("delayed"):
+            out = m(x.requires_grad_())
+        out.float().square().mean().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+def test_state_dict_round_trips_fp8_metadata(device, module):
+    shape = SHAPES["small"]
+    torch.manual_seed(10)
+    trained = make_module(module, shape, torch.bfloat16, device)
+    _train_delayed(trained, shape, device)
+    buf = io.BytesIO()
+    torch.save(trained.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf, weights_only=True)  # the default of torch.load: metadata must be plain data
+
+    restored = make_module(module, shape, torch.bfloat16, device)
+    restored.load_state_dict(sd, strict=True)
+    fresh = make_module(module, shape, torch.bfloat16, device)
+    fresh.load_state_dict({k: v for k, v in sd.items() if not k.endswith("_extra_state")}, strict=False)
+
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.bfloat16, device, seed=80, scale=3.0)
+    outs = {}
+    for name, m in (("trained", trained), ("restored", restored), ("fresh", fresh)):
+        with torch.no_grad(), autocast("delayed"):
+            outs[name] = m(x)
+    assert torch.equal(outs["restored"], outs["trained"]), "restored FP8 metadata gives another output"
+    # the metadata matters: without it the delayed scales start over and the output differs
+    assert not torch.equal(outs["fresh"], outs["trained"]), "FP8 metadata made no difference"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+def test_load_checkpoint_saved_without_fp8_metadata(device, module):
+    shape = SHAPES["small"]
+    torch.manual_seed(11)
+    source = make_module(module, shape, torch.bfloat16, device)
+    # a checkpoint with weights only, as torch.nn or an older version would have written it
+    weights_only = {k: v for k, v in source.state_dict().items() if not k.endswith("_extra_state")}
+    target = make_module(module, shape, torch.bfloat16, device)
+    _train_delayed(target, shape, device)  # has FP8 metadata of its own
+    result = target.load_state_dict(weights_only, strict=True)
+    assert not result.unexpected_keys and not result.missing_keys
+    for n, p in target.named_parameters():
+        assert torch.equal(p, getattr(source, n)), f"{n} not loaded"
+    # and it runs under FP8 afterwards, close to the reference from the loaded weights
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.bfloat16, device, seed=90)
+    with torch.no_grad(), autocast("current"):
+        got = target(x)
+    with torch.no_grad():
+        want = source(x)
+    assert_close_fp8(got, want, "float8_e4m3", f"{module} after loading a weights-only checkpoint")
