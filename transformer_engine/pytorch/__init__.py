@@ -5,3 +5,8 @@ from ..common import recipe  # noqa: F401
 from . import ops  # noqa: F401
 from .native import capability, fp8_dtype  # noqa: F401
 from .distributed import CudaRNGStatesTracker  # noqa: F401
+from .quantization import (  # noqa: F401
+    autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_fp8_available,
+    quantized_model_init)
+from .tensor import Float8Tensor  # noqa: F401
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm  # noqa: F401

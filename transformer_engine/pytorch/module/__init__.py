@@ -1,0 +1,7 @@
+"""Transformer Engine's PyTorch modules."""
+from .base import TransformerEngineBaseModule  # noqa: F401
+from .linear import Linear  # noqa: F401
+from .layernorm import LayerNorm  # noqa: F401
+from .rmsnorm import RMSNorm  # noqa: F401
+from .layernorm_linear import LayerNormLinear  # noqa: F401
+from .layernorm_mlp import LayerNormMLP  # noqa: F401

@@ -1,0 +1,87 @@
+"""FP8 casts of the modules' GEMM operands, shared by Linear, LayerNormLinear and LayerNormMLP.
+
+Each returns the FP8 data, its transpose when the backward needs it (Hopper FP8 GEMMs take
+only the TN layout) and the scale_inv the data was made with (a fresh value per cast, so a
+delayed-scaling update between forward and backward cannot change saved tensors' meaning).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import ops
+from ..quantization import FP8GlobalState, RecipeState
+
+
+def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
+    """(scale, amax-to-update) for one cast. DelayedScaling: the module's scale and its amax
+    history row. Current scaling: amax of x now, then its scale. In a checkpoint recompute the
+    forward's scale is replayed and no amax is recorded."""
+    if stash is not None:
+        return stash.pop(0), None
+    if rs.delayed:
+        scale = (rs.fwd_scale if forward else rs.bwd_scale)[slot]
+        amax = (rs.fwd_amax if forward else rs.bwd_amax)[slot]
+    else:
+        scale, amax = rs.current_scale(x, forward, slot, ops.compute_amax), None
+    return scale, amax
+
+
+def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
+    """In a checkpointed forward, keep a copy of the scale for the recompute."""
+    if saved is not None:
+        saved.append(scale.clone())
+
+
+def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
+    """(data, data_t or None, scale_inv) of a 2-D tensor."""
+    scale, amax = cast_scale(rs, x, forward, slot, replay)
+    record_scale(record, scale)
+    dtype = rs.fwd_dtype if forward else rs.bwd_dtype
+    if need_transpose:
+        return ops.cast_transpose(x, scale, dtype, amax)
+    data, scale_inv = ops.quantize(x, scale, dtype, amax)
+    return data, None, scale_inv
+
+
+def transposed(data: torch.Tensor) -> torch.Tensor:
+    return ops.transpose(data)
+
+
+def check_fp8_dims(who: str, tokens: int, *dims: int) -> None:
+    """FP8 GEMMs need every dimension to be a multiple of 16."""
+    bad = [d for d in (tokens,) + dims if d % 16]
+    if bad:
+        raise ValueError(f"{who}: FP8 needs the token count (prod of the input's leading dims) and "
+                         f"the feature sizes to be multiples of 16; got tokens={tokens}, "
+                         f"features={list(dims)}. Pad the batch or run this module outside fp8_autocast.")
+
+
+def replay_list(module, phase: int):
+    """During a checkpoint recompute (phase 2) the scales recorded in the forward, else None."""
+    if phase == 2:
+        stash = getattr(module, "_fp8_checkpoint_stash", None)
+        if stash:
+            return stash.pop(0)
+    return None
+
+
+def record_list(module, phase: int):
+    """During a checkpointed forward (phase 1) a fresh list to record this call's scales in."""
+    if phase == 1:
+        lst = []
+        if not hasattr(module, "_fp8_checkpoint_stash") or module._fp8_checkpoint_stash is None:
+            module._fp8_checkpoint_stash = []
+        module._fp8_checkpoint_stash.append(lst)
+        return lst
+    return None
+
+
+def record_amax(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int) -> None:
+    """Calibration: amax only, into the history row that the next update reads."""
+    ops.compute_amax(x, (rs.fwd_amax if forward else rs.bwd_amax)[slot])
+
+
+__all__ = ["cast", "transposed", "check_fp8_dims", "replay_list", "record_list", "record_amax",
+           "FP8GlobalState"]

@@ -1,0 +1,51 @@
+"""te.LayerNorm: LayerNorm over the last dimension with the native forward/backward kernels."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .. import ops
+from .base import default_device
+
+
+def _weight_for(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # the kernels take gamma/beta in x's dtype or fp32 (fp32 x with 16-bit params: cast them)
+    return w if w.dtype in (x.dtype, torch.float32) else w.to(x.dtype)
+
+
+class LayerNorm(torch.nn.Module):
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta (gamma stored as gamma - 1 with
+    zero_centered_gamma)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
+                 device: Union[torch.device, str, None] = None, **_ignored):
+        super().__init__()
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.sequence_parallel = sequence_parallel
+        dtype = params_dtype or torch.get_default_dtype()
+        device = default_device(device)
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dtype, device=device))
+        self.bias = torch.nn.Parameter(torch.empty(hidden_size, dtype=dtype, device=device))
+        self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+        if device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            self.bias.zero_()
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        if inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"LayerNorm: input has shape {tuple(inp.shape)}; expected last "
+                             f"dimension {self.hidden_size}")
+        x = inp
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        x = x.contiguous()
+        return ops.layernorm(x, _weight_for(self.weight, x), _weight_for(self.bias, x), self.eps,
+                             self.zero_centered_gamma)

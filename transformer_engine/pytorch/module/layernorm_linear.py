@@ -1,0 +1,204 @@
+"""te.LayerNormLinear: y = norm(x) @ W.T + b (LayerNorm or RMSNorm) as one autograd Function.
+
+FP8 with delayed scaling: the norm kernel writes FP8 directly (its output never exists in high
+precision) and a 1-byte transpose feeds wgrad; current scaling normalises in high precision,
+then casts and transposes in one pass. Backward: dgrad GEMM, then the norm backward."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from . import _gemms, _parallel
+from ._casts import cast, check_fp8_dims, record_amax
+from ._norm import check_normalization, norm_backward, norm_fp8, norm_hp, param_for
+from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from .linear import _split_names
+
+
+class _LayerNormLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, ln_weight, ln_bias, weight, bias, module, fi, dtype, is_first_microbatch,
+                return_ln_out):
+        out_features, in_features = weight.shape
+        x2d = inp.reshape(-1, in_features)
+        x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
+        g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
+        norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
+        need_wgrad = weight.requires_grad
+        need_dgrad = inp.requires_grad or ln_weight.requires_grad or (ln_bias is not None and ln_bias.requires_grad)
+        tokens = x2d.shape[0]
+        fp8 = fi.fp8 and tokens > 0
+        if fp8:
+            check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
+            ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_fp8(norm, x2d, g, b, eps, zcg, fi, 0,
+                                                               need_wgrad, return_ln_out)
+            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            y = _gemms.fprop_fp8(wq, w_sinv, lnq, ln_sinv, dtype, bias).out
+            ctx.save_for_backward(x2d, mu, rsigma, g, lnq_t, ln_sinv, wq_t, w_sinv)
+        else:
+            res = norm_hp(norm, x2d, g, b, eps, zcg)
+            ln_out, mu, rsigma = res.out, res.mu, res.rsigma
+            w = hp_weight(weight, dtype)
+            if fi.calibrating:
+                record_amax(fi.rs, ln_out, True, 0)
+                record_amax(fi.rs, w, True, 1)
+            y = _gemms.ops.general_gemm(w, ln_out, layout="TN", bias=bias).out
+            ctx.save_for_backward(x2d, mu, rsigma, g, ln_out, None, w, None)
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.module = fp8, fi, dtype, module
+        ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
+        ctx.has_bias_grad = bias is not None and bias.requires_grad
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.ln_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None)
+        ctx.weight = weight if module.fuse_wgrad_accumulation else None
+        ctx.shapes = (inp.shape, out_features, in_features)
+        y = y.view(*inp.shape[:-1], out_features)
+        if return_ln_out:
+            return y, ln_out.view(inp.shape)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out, *grad_ln_out):
+        inp_shape, out_features, in_features = ctx.shapes
+        module, fi = ctx.module, ctx.fi
+        dy = grad_out.reshape(-1, out_features)
+        dy = (dy if dy.dtype == ctx.dtype else dy.to(ctx.dtype)).contiguous()
+        x2d, mu, rsigma, g, ln_saved, ln_sinv, w_saved, w_sinv = ctx.saved_tensors
+        db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias_grad else None
+        dln = dw = None
+        fuse = module.fuse_wgrad_accumulation
+        if ctx.fp8:
+            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, ctx.need_wgrad)
+            if ctx.need_dgrad:
+                dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)
+            if ctx.need_wgrad:
+                dw = _gemms.wgrad_fp8(ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse)
+        else:
+            if fi.calibrating:
+                record_amax(fi.rs, dy, False, 0)
+            if ctx.need_dgrad:
+                dln = _gemms.dgrad_hp(w_saved, dy)
+            if ctx.need_wgrad:
+                dw = _gemms.wgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features, in_features)
+        if fi.step is not None:
+            fi.step.backward_finished()
+        dx = dgamma = dbeta = None
+        if ctx.need_dgrad:
+            if grad_ln_out and grad_ln_out[0] is not None:
+                dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
+            dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
+                                              g, module.zero_centered_gamma)
+            dx = dx.view(inp_shape)
+            dgamma = dgamma.to(ctx.ln_dtypes[0])
+            dbeta = dbeta.to(ctx.ln_dtypes[1]) if dbeta is not None and ctx.ln_dtypes[1] else None
+        return dx, dgamma, dbeta, dw, db, None, None, None, None, None
+
+
+class LayerNormLinear(TransformerEngineBaseModule):
+    """Normalisation (LayerNorm or RMSNorm) followed by a linear layer, fused."""
+    fp8_slots = (2, 1)
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5,
+                 sequence_parallel: bool = False, fuse_wgrad_accumulation: bool = False,
+                 tp_group=None, tp_size: int = 1, get_rng_state_tracker: Optional[Callable] = None,
+                 rng_tracker_name: Optional[str] = None, init_method: Optional[Callable] = None,
+                 bias: bool = True, normalization: str = "LayerNorm", return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False,
+                 parameters_split: Optional[Union[tuple, dict]] = None,
+                 zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
+                 name: Optional[str] = None, **_ignored):
+        super().__init__()
+        check_normalization("LayerNormLinear", normalization)
+        if parallel_mode == "row":
+            raise ValueError("LayerNormLinear: parallel_mode='row' is not supported (the norm needs "
+                             "the full hidden dimension); use 'column' or None")
+        _parallel.check_parallel_mode("LayerNormLinear", parallel_mode)
+        self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
+        self.tp_group = tp_group
+        self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
+        self.parallel_mode = parallel_mode
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.return_bias, self.use_bias = return_bias, bias
+        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.in_features = in_features
+        _, self.out_features = _parallel.split_features("LayerNormLinear", in_features, out_features,
+                                                        parallel_mode, self.tp_size)
+        self.init_method = init_method or default_init_method()
+        self.name = name
+        device = default_device(device)
+        dt = self.params_dtype
+        self.layer_norm_weight = torch.nn.Parameter(torch.empty(in_features, dtype=dt, device=device))
+        self.layer_norm_bias = (torch.nn.Parameter(torch.empty(in_features, dtype=dt, device=device))
+                                if normalization == "LayerNorm" else None)
+        for p in (self.layer_norm_weight, self.layer_norm_bias):
+            if p is not None:
+                p.sequence_parallel = self.sequence_parallel
+        self.splits = _split_names(parameters_split, self.out_features)
+        if self.splits is None:
+            self.weight = self.make_weight((self.out_features, in_features), dt, device, self._init_weight)
+            self.bias = (torch.nn.Parameter(torch.zeros(self.out_features, dtype=dt, device=device))
+                         if bias else None)
+        else:
+            self.weight = self.bias = None
+            for prefix, rows in self.splits:
+                self.register_parameter(prefix + "weight", self.make_weight(
+                    (rows, in_features), dt, device, self._init_weight))
+                self.register_parameter(prefix + "bias", torch.nn.Parameter(
+                    torch.zeros(rows, dtype=dt, device=device)) if bias else None)
+        if device.type != "meta":
+            self._reset_norm()
+
+    def _reset_norm(self):
+        with torch.no_grad():
+            self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.layer_norm_bias is not None:
+                self.layer_norm_bias.zero_()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        self._reset_norm()
+        with torch.no_grad():
+            for n, p in self.named_parameters(recurse=False):
+                if n.startswith("layer_norm"):
+                    continue
+                if n.endswith("weight"):
+                    self._init_weight(p)
+                else:
+                    p.zero_()
+
+    def _weight_and_bias(self):
+        if self.splits is None:
+            return self.weight, self.bias
+        ws = [getattr(self, p + "weight") for p, _ in self.splits]
+        bs = [getattr(self, p + "bias") for p, _ in self.splits] if self.use_bias else None
+        return torch.cat(ws, 0), (torch.cat(bs, 0) if bs is not None else None)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
+                fp8_output: bool = False, fp8_grad: bool = False):
+        if inp.shape[-1] != self.in_features:
+            raise ValueError(f"LayerNormLinear: input has shape {tuple(inp.shape)}; expected last "
+                             f"dimension {self.in_features} (in_features)")
+        weight, bias = self._weight_and_bias()
+        if self.parallel_mode == "column":
+            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
+        dtype = self.activation_dtype(inp)
+        fi = self.fp8_call_info(inp.device)
+        gemm_bias = bias if not self.return_bias else None
+        out = _LayerNormLinearFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias, weight,
+                                       gemm_bias, self, fi, dtype, is_first_microbatch,
+                                       self.return_layernorm_output)
+        ln_out = None
+        if self.return_layernorm_output:
+            out, ln_out = out
+        if self.return_bias:
+            out = (out, bias.to(out.dtype) if bias is not None else None)
+        if self.return_layernorm_output:
+            return (*out, ln_out) if self.return_bias else (out, ln_out)
+        return out

@@ -1,0 +1,266 @@
+"""te.LayerNormMLP: y = FC2(act(FC1(norm(x)))) as one autograd Function.
+
+FP8 forward: norm straight to FP8 (delayed scaling), FC1 GEMM with the bias epilogue, the
+activation kernel writing FP8 (its amax recorded on the way), a 1-byte transpose for FC2's wgrad,
+FC2 GEMM with bias. Backward: FC2 dgrad with the dGELU + bias-grad epilogue for GELU (the fused
+dbias + dact kernel for the other plain activations), cast + transpose of that gradient, FC1
+dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue instead."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from .. import ops
+from ..ops.activation import ACTIVATIONS, GATED
+from . import _gemms, _parallel
+from ._casts import cast, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
+from ._norm import check_normalization, norm_backward, norm_fp8, norm_hp, param_for
+from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+
+SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED)
+
+
+def _act_fp8(fi, h, activation, slot):
+    """(fp8 activation output, scale_inv): the activation kernel casts as it writes (delayed),
+    or high precision then cast (current scaling needs the amax first)."""
+    if fi.rs.delayed:
+        scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
+        record_scale(fi.record, scale)
+        return ops.activation_forward(h, activation, fi.rs.fwd_dtype, scale, amax)
+    a = ops.activation_forward(h, activation)
+    data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
+    return data, scale_inv
+
+
+def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need):
+    norm, eps, zcg, act = module.normalization, module.eps, module.zero_centered_gamma, module.activation
+    ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_fp8(norm, x2d, g, b, eps, zcg, fi, 0, need["w1"],
+                                                       module.return_layernorm_output)
+    w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
+    aq, a_sinv = _act_fp8(fi, h, act, 2)
+    aq_t = transposed(aq) if need["w2"] else None
+    w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
+    y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2).out
+    saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
+    return y, ln_out, saved
+
+
+def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype):
+    norm, eps, zcg, act = module.normalization, module.eps, module.zero_centered_gamma, module.activation
+    res = norm_hp(norm, x2d, g, b, eps, zcg)
+    ln_out, mu, rsigma = res.out, res.mu, res.rsigma
+    w1, w2 = hp_weight(w1, dtype), hp_weight(w2, dtype)
+    if act == "gelu":
+        r = ops.general_gemm(w1, ln_out, layout="TN", bias=b1, gelu=True)
+        a, h = r.out, r.gelu_input
+    else:
+        h = ops.general_gemm(w1, ln_out, layout="TN", bias=b1).out
+        a = ops.activation_forward(h, act)
+    if fi.calibrating:
+        for slot, t in ((0, ln_out), (1, w1), (2, a), (3, w2)):
+            record_amax(fi.rs, t, True, slot)
+    y = ops.general_gemm(w2, a, layout="TN", bias=b2).out
+    saved = (x2d, mu, rsigma, g, ln_out, None, w1, None, h, a, None, w2, None)
+    return y, ln_out, saved
+
+
+def _dact(act, da, h, b1_grad, dtype):
+    """(dh, db1) after FC2's dgrad `da` (for everything but GELU, whose epilogue did this)."""
+    if act in GATED:
+        dh = ops.activation_backward(da, h, act)
+        return dh, (dh.sum(0, dtype=torch.float32).to(dtype) if b1_grad else None)
+    dh, db1 = ops.dbias_dactivation(da, h, act)
+    return dh, (db1 if b1_grad else None)
+
+
+def _fc2_dgrad_and_dact(ctx, w2_arg, w2_sinv, dyq, dy_sinv, h):
+    """d(FC1 output) and FC1's bias grad from FC2's output gradient (fp8 or high precision)."""
+    act, dtype = ctx.module.activation, ctx.dtype
+    fp8 = w2_sinv is not None
+    if act == "gelu":
+        kw = dict(A_scale_inv=w2_sinv, B_scale_inv=dy_sinv) if fp8 else {}
+        r = ops.general_gemm(w2_arg, dyq, dtype, layout="TN" if fp8 else "NN", gelu_input=h,
+                             bias_grad=ctx.b1_grad, **kw)
+        return r.out, r.bias_grad
+    da = (_gemms.dgrad_fp8(w2_arg, w2_sinv, dyq, dy_sinv, dtype) if fp8 else _gemms.dgrad_hp(w2_arg, dyq))
+    return _dact(act, da, h, ctx.b1_grad, dtype)
+
+
+class _LayerNormMLPFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, ln_weight, ln_bias, w1, b1, w2, b2, module, fi, dtype, is_first_microbatch):
+        hidden = inp.shape[-1]
+        x2d = inp.reshape(-1, hidden)
+        x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
+        g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
+        need = {"w1": w1.requires_grad, "w2": w2.requires_grad,
+                "dgrad": inp.requires_grad or ln_weight.requires_grad}
+        tokens = x2d.shape[0]
+        fp8 = fi.fp8 and tokens > 0
+        if fp8:
+            check_fp8_dims("LayerNormMLP", tokens, hidden, w1.shape[0], w2.shape[0], w2.shape[1])
+            y, ln_out, saved = _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype,
+                                            is_first_microbatch, need)
+        else:
+            y, ln_out, saved = _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype)
+        ctx.save_for_backward(*saved)
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.module, ctx.need = fp8, fi, dtype, module, need
+        ctx.b1_grad = b1 is not None and b1.requires_grad
+        ctx.b2_grad = b2 is not None and b2.requires_grad
+        ctx.param_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None,
+                            b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
+        ctx.weights = (w1, w2) if module.fuse_wgrad_accumulation else (None, None)
+        ctx.shapes = (inp.shape, tuple(w1.shape), tuple(w2.shape))
+        y = y.view(*inp.shape[:-1], w2.shape[0])
+        if module.return_layernorm_output:
+            return y, ln_out.view(inp.shape)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out, *grad_ln_out):
+        inp_shape, w1_shape, w2_shape = ctx.shapes
+        module, fi, dtype, need = ctx.module, ctx.fi, ctx.dtype, ctx.need
+        fuse = module.fuse_wgrad_accumulation
+        (x2d, mu, rsigma, g, ln_t, ln_sinv, w1_t, w1_sinv, h, a_t, a_sinv, w2_t, w2_sinv) = ctx.saved_tensors
+        dy = grad_out.reshape(-1, w2_shape[0])
+        dy = (dy if dy.dtype == dtype else dy.to(dtype)).contiguous()
+        db2 = dy.sum(0, dtype=torch.float32).to(ctx.param_dtypes[3]) if ctx.b2_grad else None
+        dw1 = dw2 = dln = None
+        if ctx.fp8:
+            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need["w2"])
+            dh, db1 = _fc2_dgrad_and_dact(ctx, w2_t, w2_sinv, dyq, dy_sinv, h)
+            if need["w2"]:
+                dw2 = _gemms.wgrad_fp8(a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse)
+            dhq, dhq_t, dh_sinv = cast(fi.rs, dh, False, 1, need["w1"])
+            if need["dgrad"]:
+                dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
+            if need["w1"]:
+                dw1 = _gemms.wgrad_fp8(ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse)
+        else:
+            if fi.calibrating:
+                record_amax(fi.rs, dy, False, 0)
+            dh, db1 = _fc2_dgrad_and_dact(ctx, w2_t, None, dy, None, h)
+            if fi.calibrating:
+                record_amax(fi.rs, dh, False, 1)
+            if need["w2"]:
+                dw2 = _gemms.wgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape)
+            if need["dgrad"]:
+                dln = _gemms.dgrad_hp(w1_t, dh)
+            if need["w1"]:
+                dw1 = _gemms.wgrad_hp(ln_t, dh, ctx.weights[0], fuse, *w1_shape)
+        if fi.step is not None:
+            fi.step.backward_finished()
+        if db1 is not None:
+            db1 = db1.to(ctx.param_dtypes[2])
+        dx = dgamma = dbeta = None
+        if need["dgrad"]:
+            if grad_ln_out and grad_ln_out[0] is not None:
+                dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
+            dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
+                                              g, module.zero_centered_gamma)
+            dx = dx.view(inp_shape)
+            dgamma = dgamma.to(ctx.param_dtypes[0])
+            dbeta = dbeta.to(ctx.param_dtypes[1]) if dbeta is not None and ctx.param_dtypes[1] else None
+        return dx, dgamma, dbeta, dw1, db1, dw2, db2, None, None, None, None
+
+
+class LayerNormMLP(TransformerEngineBaseModule):
+    """norm -> FC1 -> activation -> FC2, fused into one autograd Function."""
+    fp8_slots = (4, 2)  # forward: norm out, FC1 weight, activation out, FC2 weight; backward: dy, dh
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5,
+                 sequence_parallel: bool = False, return_bias: bool = False,
+                 get_rng_state_tracker: Optional[Callable] = None, tp_group=None, tp_size: int = 1,
+                 init_method: Optional[Callable] = None, bias: bool = True,
+                 normalization: str = "LayerNorm", activation: str = "gelu",
+                 output_layer_init_method: Optional[Callable] = None,
+                 fuse_wgrad_accumulation: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False, zero_centered_gamma: bool = False,
+                 device: Union[torch.device, str, None] = None, set_parallel_mode: bool = False,
+                 name: Optional[str] = None, **_ignored):
+        super().__init__()
+        check_normalization("LayerNormMLP", normalization)
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"LayerNormMLP: activation is {activation!r}; expected one of "
+                             f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+        self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
+        self.activation = activation
+        self.tp_group = tp_group
+        self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
+        self.set_parallel_mode = set_parallel_mode
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.return_bias, self.use_bias = return_bias, bias
+        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, None
+        self.hidden_size = hidden_size
+        tp = self.tp_size if set_parallel_mode else 1
+        self.size_per_partition = _parallel.dist_te.divide(ffn_hidden_size, tp, "LayerNormMLP: ffn_hidden_size")
+        self.ffn_hidden_size = ffn_hidden_size
+        self.init_method = init_method or default_init_method()
+        self.output_layer_init_method = output_layer_init_method or self.init_method
+        self.name = name
+        device = default_device(device)
+        dt = self.params_dtype
+        fc1_out = self.size_per_partition * (2 if activation in GATED else 1)
+        self.layer_norm_weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
+        self.layer_norm_bias = (torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
+                                if normalization == "LayerNorm" else None)
+        self.fc1_weight = self.make_weight((fc1_out, hidden_size), dt, device, self._init_weight)
+        self.fc2_weight = self.make_weight((hidden_size, self.size_per_partition), dt, device,
+                                           lambda w: self._init_weight(w, self.output_layer_init_method))
+        self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
+        self.fc2_bias = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dt, device=device)) if bias else None
+        if set_parallel_mode and self.tp_size > 1:
+            _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc1_weight, True, 0, 1)
+            _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
+        if device.type != "meta":
+            self._reset_norm()
+
+    def _reset_norm(self):
+        with torch.no_grad():
+            self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.layer_norm_bias is not None:
+                self.layer_norm_bias.zero_()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        self._reset_norm()
+        with torch.no_grad():
+            self._init_weight(self.fc1_weight)
+            self._init_weight(self.fc2_weight, self.output_layer_init_method)
+            for b in (self.fc1_bias, self.fc2_bias):
+                if b is not None:
+                    b.zero_()
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+        if inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
+                             f"dimension {self.hidden_size} (hidden_size)")
+        parallel = self.set_parallel_mode and self.tp_size > 1
+        if parallel:
+            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
+        dtype = self.activation_dtype(inp)
+        fi = self.fp8_call_info(inp.device)
+        b2 = self.fc2_bias if not (self.return_bias or parallel) else None
+        out = _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
+                                    self.fc1_weight, self.fc1_bias, self.fc2_weight, b2, self, fi,
+                                    dtype, is_first_microbatch)
+        ln_out = None
+        if self.return_layernorm_output:
+            out, ln_out = out
+        if parallel:
+            out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if self.fc2_bias is not None and not self.return_bias:
+                out = out + self.fc2_bias.to(out.dtype)
+        if self.return_bias:
+            out = (out, self.fc2_bias.to(out.dtype) if self.fc2_bias is not None else None)
+        if self.return_layernorm_output:
+            return (*out, ln_out) if self.return_bias else (out, ln_out)
+        return out

@@ -1,0 +1,203 @@
+"""te.Linear: y = x @ W.T + b as one autograd Function, in high precision or FP8 (see _gemms.py
+for the GEMMs; FP8: the input is cast and transposed in one pass, the weight's FP8 copy and
+transpose are cached per step with is_first_microbatch, the bias rides the GEMM epilogue)."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from .. import distributed as dist_te
+from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from . import _gemms, _parallel
+from ._casts import cast, check_fp8_dims, record_amax
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, weight, bias, module, fi, dtype, is_first_microbatch, fuse_wgrad):
+        out_features, in_features = weight.shape
+        x2d = inp.reshape(-1, in_features)
+        if x2d.dtype != dtype:
+            x2d = x2d.to(dtype)
+        x2d = x2d.contiguous()
+        need_dgrad, need_wgrad = inp.requires_grad, weight.requires_grad
+        tokens = x2d.shape[0]
+        fp8 = fi.fp8 and tokens > 0
+        if fp8:
+            check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
+            xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
+            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
+            ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
+        else:
+            w = hp_weight(weight, dtype)
+            if fi.calibrating:
+                record_amax(fi.rs, x2d, True, 0)
+                record_amax(fi.rs, w, True, 1)
+            y = _gemms.ops.general_gemm(w, x2d, layout="TN", bias=bias).out
+            ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse = fp8, fi, dtype, fuse_wgrad
+        ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
+        ctx.has_bias_grad = bias is not None and bias.requires_grad
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.weight = weight if fuse_wgrad else None
+        ctx.shapes = (inp.shape, out_features, in_features)
+        return y.view(*inp.shape[:-1], out_features)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inp_shape, out_features, in_features = ctx.shapes
+        dy = grad_out.reshape(-1, out_features)
+        if dy.dtype != ctx.dtype:
+            dy = dy.to(ctx.dtype)
+        dy = dy.contiguous()
+        dx = dw = None
+        fi = ctx.fi
+        db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias_grad else None
+        if ctx.fp8:
+            xq_t, x_sinv, wq_t, w_sinv = ctx.saved_tensors
+            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, ctx.need_wgrad)
+            if ctx.need_dgrad:
+                dx = _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, ctx.dtype)
+            if ctx.need_wgrad:
+                dw = _gemms.wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse)
+        else:
+            x2d, w = ctx.saved_tensors
+            if fi.calibrating:
+                record_amax(fi.rs, dy, False, 0)
+            if ctx.need_dgrad:
+                dx = _gemms.dgrad_hp(w, dy)
+            if ctx.need_wgrad:
+                dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
+        if fi.step is not None:
+            fi.step.backward_finished()
+        if dx is not None:
+            dx = dx.view(inp_shape)
+        return dx, dw, db, None, None, None, None, None
+
+
+def _split_names(parameters_split, out_features):
+    """[(prefix, rows)] of each named split of the weight's rows."""
+    if parameters_split is None:
+        return None
+    if isinstance(parameters_split, dict):
+        items = list(parameters_split.items())
+    else:
+        names = list(parameters_split)
+        if out_features % len(names):
+            raise ValueError(f"Linear: out_features={out_features} is not divisible into "
+                             f"{len(names)} parameters_split parts")
+        items = [(n, out_features // len(names)) for n in names]
+    if sum(r for _, r in items) != out_features:
+        raise ValueError(f"Linear: parameters_split sizes {[r for _, r in items]} do not add up to "
+                         f"out_features={out_features}")
+    return [(n if n.endswith("_") else n + "_", r) for n, r in items]
+
+
+class Linear(TransformerEngineBaseModule):
+    """Applies y = x W^T + b, with FP8 GEMMs inside `te.autocast`."""
+    fp8_slots = (2, 1)  # forward: input, weight; backward: output gradient
+
+    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
+                 init_method: Optional[Callable] = None, bias: bool = True, return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 skip_weight_param_allocation: bool = False,
+                 parameters_split: Optional[Union[tuple, dict]] = None,
+                 device: Union[torch.device, str, None] = None, name: Optional[str] = None, **_ignored):
+        super().__init__()
+        _parallel.check_parallel_mode("Linear", parallel_mode)
+        self.tp_group = tp_group
+        self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
+        self.parallel_mode = parallel_mode
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.return_bias = return_bias
+        self.use_bias = bias
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.name = name
+        self.in_features, self.out_features = _parallel.split_features(
+            "Linear", in_features, out_features, parallel_mode, self.tp_size)
+        self.init_method = init_method or default_init_method()
+        device = default_device(device)
+        self.splits = _split_names(parameters_split, self.out_features)
+        self.skip_weight_param_allocation = skip_weight_param_allocation
+        if not skip_weight_param_allocation:
+            self._make_params(device)
+        else:
+            self.weight = self.bias = None
+
+    def _make_params(self, device):
+        shape_in = self.in_features
+        if self.splits is None:
+            self.weight = self.make_weight((self.out_features, shape_in), self.params_dtype, device,
+                                           self._init_weight)
+            self.bias = (torch.nn.Parameter(torch.zeros(self.out_features, dtype=self.params_dtype,
+                                                        device=device)) if self.use_bias else None)
+            self._mark_parallel(self.weight, self.bias)
+            return
+        self.weight = self.bias = None
+        for prefix, rows in self.splits:
+            w = self.make_weight((rows, shape_in), self.params_dtype, device, self._init_weight)
+            self.register_parameter(prefix + "weight", w)
+            b = (torch.nn.Parameter(torch.zeros(rows, dtype=self.params_dtype, device=device))
+                 if self.use_bias else None)
+            self.register_parameter(prefix + "bias", b)
+            self._mark_parallel(w, b)
+
+    def _mark_parallel(self, w, b):
+        if self.parallel_mode in ("column", "row"):
+            dist_te.set_tensor_model_parallel_attributes(w, True, 0 if self.parallel_mode == "column" else 1, 1)
+            if b is not None and self.parallel_mode == "column":
+                dist_te.set_tensor_model_parallel_attributes(b, True, 0, 1)
+        if b is not None and self.parallel_mode == "row" and self.sequence_parallel:
+            b.sequence_parallel = True
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """(Re)initialises the parameters in place, e.g. after to_empty() from device='meta'."""
+        if defer_init:
+            return
+        with torch.no_grad():
+            for n, p in self.named_parameters(recurse=False):
+                if n.endswith("weight"):
+                    self._init_weight(p)
+                else:
+                    p.zero_()
+
+    def _weight_and_bias(self):
+        if self.splits is None:
+            return self.weight, self.bias
+        ws = [getattr(self, p + "weight") for p, _ in self.splits]
+        bs = [getattr(self, p + "bias") for p, _ in self.splits] if self.use_bias else None
+        return torch.cat(ws, 0), (torch.cat(bs, 0) if bs is not None else None)
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
+                weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                fp8_output: bool = False, fp8_grad: bool = False):
+        if self.skip_weight_param_allocation:
+            if weight is None:
+                raise ValueError("Linear: skip_weight_param_allocation=True needs the weight passed "
+                                 "to forward(inp, weight=..., bias=...)")
+        else:
+            weight, bias = self._weight_and_bias()
+        if inp.shape[-1] != weight.shape[1]:
+            raise ValueError(f"Linear: input has shape {tuple(inp.shape)}; expected last dimension "
+                             f"{weight.shape[1]} (in_features)")
+        if self.parallel_mode == "column":
+            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
+        dtype = self.activation_dtype(inp)
+        fi = self.fp8_call_info(inp.device)
+        add_bias_in_gemm = bias is not None and not self.return_bias and not (
+            self.parallel_mode == "row" and self.tp_size > 1)
+        out = _LinearFn.apply(inp, weight, bias if add_bias_in_gemm else None, self, fi, dtype,
+                              is_first_microbatch, self.fuse_wgrad_accumulation)
+        if self.parallel_mode == "row":
+            out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if bias is not None and not add_bias_in_gemm and not self.return_bias:
+                out = out + bias.to(out.dtype)
+        if self.return_bias:
+            return out, (bias.to(out.dtype) if bias is not None else None)
+        return out

@@ -1,0 +1,43 @@
+"""te.RMSNorm: RMSNorm over the last dimension with the native forward/backward kernels."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .. import ops
+from .base import default_device
+from .layernorm import _weight_for
+
+
+class RMSNorm(torch.nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * gamma (gamma stored as gamma - 1 with zero_centered_gamma)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
+                 device: Union[torch.device, str, None] = None, **_ignored):
+        super().__init__()
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.sequence_parallel = sequence_parallel
+        dtype = params_dtype or torch.get_default_dtype()
+        device = default_device(device)
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dtype, device=device))
+        self.weight.sequence_parallel = sequence_parallel
+        if device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        if inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"RMSNorm: input has shape {tuple(inp.shape)}; expected last "
+                             f"dimension {self.hidden_size}")
+        x = inp
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        x = x.contiguous()
+        return ops.rmsnorm(x, _weight_for(self.weight, x), self.eps, self.zero_centered_gamma)

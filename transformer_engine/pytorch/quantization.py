@@ -1,0 +1,336 @@
+"""FP8 autocast: the global FP8 state, the per-module recipe state (scales, amax history) and the
+batched delayed-scaling update.
+
+Life of one training step with DelayedScaling:
+  * entering the outermost `autocast` opens a step (`_Step`); every FP8 module forward in it
+    registers its `RecipeState` there once and writes the amax of each tensor it casts into row 0
+    of its amax history (the kernels do that on the device, no host sync);
+  * leaving the outermost `autocast` reduces the forward amaxes of all registered modules over
+    the group (one all-reduce for all of them) and updates every forward scale in one batched
+    launch (`ops.delayed_scaling_update`);
+  * the backward passes run with the forward's recipe (saved in the autograd context, so they
+    may run outside the context); when the last backward of the step finished, the backward
+    amaxes are reduced and the backward scales updated the same way.
+Float8CurrentScaling needs no history: each cast computes its amax first, then the scale.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..common import fp8_formats
+from ..common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
+from . import native
+
+__all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init", "is_fp8_available",
+           "get_default_recipe", "RecipeState", "FP8GlobalState"]
+
+
+# ----- device support ---------------------------------------------------------------------------
+
+def is_fp8_available(device=None) -> Tuple[bool, str]:
+    """(True, "") when FP8 GEMMs run natively on the device (default: the current GPU), else
+    (False, why). CPU tensors always run FP8 emulated on the reference backend."""
+    if device is not None and torch.device(device).type == "cpu":
+        return True, "reference backend: FP8 emulated in plain torch"
+    if not torch.cuda.is_available():
+        return False, "no GPU visible to torch (FP8 runs emulated on CPU tensors only)"
+    cap = native.capability(device)
+    name = cap.device or cap.arch or "this GPU"
+    if cap.backend == "reference":
+        return False, f"{name}: {cap.reason}"
+    if not cap.has_fp8 or not cap.fp8_gemm:
+        return False, f"{name} ({cap.arch}) lacks FP8 GEMM support: {cap.reason}"
+    return True, ""
+
+
+_SUPPORT_CACHE: dict = {}
+
+
+def check_fp8_support(device: torch.device, who: str) -> None:
+    """Raises a clear error when FP8 is asked for on a GPU that cannot run it."""
+    if device.type != "cuda":
+        return
+    key = device.index
+    ok = _SUPPORT_CACHE.get(key)
+    if ok is None:
+        ok = _SUPPORT_CACHE[key] = is_fp8_available(device)
+    if not ok[0]:
+        raise NotImplementedError(f"{who}: FP8 autocast is enabled but {ok[1]}")
+
+
+def get_default_recipe() -> Recipe:
+    """DelayedScaling with the HYBRID format; the torch dtypes (OCP or FNUZ) come from the device
+    when a module first runs."""
+    return DelayedScaling()
+
+
+# ----- global state -----------------------------------------------------------------------------
+
+class _Step:
+    """The modules that ran FP8 forwards in one outermost autocast, and how many of their
+    backwards are still to come."""
+
+    __slots__ = ("recipe", "group", "states", "pending_backward", "exited", "bwd_done")
+
+    def __init__(self, recipe, group):
+        self.recipe, self.group = recipe, group
+        self.states: List[RecipeState] = []
+        self.pending_backward = 0
+        self.exited = False
+        self.bwd_done = False
+
+    def backward_finished(self):
+        self.pending_backward -= 1
+        if self.pending_backward <= 0 and not self.bwd_done:
+            self.bwd_done = True
+            _update_delayed(self.states, self.recipe, self.group, forward=False)
+
+
+class FP8GlobalState:
+    """The autocast context as plain class attributes (read on every module call, so cheap)."""
+    enabled = False
+    calibrating = False
+    recipe: Optional[Recipe] = None
+    group = None
+    depth = 0
+    step: Optional[_Step] = None
+    model_init = False
+    model_init_recipe: Optional[Recipe] = None
+    # checkpoint support: modules stash their forward scales here and recompute pops them
+    recompute_phase = 0   # 0: none, 1: checkpointed forward (stash), 2: recompute (pop)
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return cls.enabled
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        return cls.step is not None and not cls.step.states
+
+
+def _check_recipe(recipe, who):
+    if recipe is None:
+        return get_default_recipe()
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
+                                  "DelayedScaling or Float8CurrentScaling")
+    if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
+        raise NotImplementedError(f"{who}: DelayedScaling.scaling_factor_compute_algo is not supported")
+    return recipe
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
+             amax_reduction_group=None, _graph: bool = False):
+    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
+
+    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
+    outermost context exits."""
+    if enabled or calibrating:
+        recipe = _check_recipe(recipe, "autocast")
+    s = FP8GlobalState
+    saved = (s.enabled, s.calibrating, s.recipe, s.group)
+    outermost = s.depth == 0
+    if outermost:
+        s.step = _Step(recipe, amax_reduction_group)
+    s.enabled, s.calibrating = bool(enabled), bool(calibrating)
+    s.recipe, s.group = recipe, amax_reduction_group
+    s.depth += 1
+    try:
+        yield
+    finally:
+        s.depth -= 1
+        s.enabled, s.calibrating, s.recipe, s.group = saved
+        if outermost:
+            step, s.step = s.step, None
+            step.exited = True
+            _update_delayed(step.states, step.recipe, step.group, forward=True)
+            if step.pending_backward <= 0 and step.states and not step.bwd_done:
+                step.bwd_done = True  # nothing will run backward (inference): no backward update
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
+                 fp8_group=None, _graph: bool = False):
+    """The older name of `autocast` (fp8_recipe -> recipe, fp8_group -> amax_reduction_group)."""
+    with autocast(enabled, calibrating, fp8_recipe, fp8_group, _graph):
+        yield
+
+
+@contextlib.contextmanager
+def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                         preserve_high_precision_init_val: bool = False):
+    """Modules created inside keep their weights only as FP8 tensors (Float8Tensor): no
+    high-precision copy. `preserve_high_precision_init_val` is accepted for API parity; the
+    initial values are not kept (that is the memory this saves)."""
+    s = FP8GlobalState
+    saved = (s.model_init, s.model_init_recipe)
+    s.model_init = bool(enabled)
+    s.model_init_recipe = _check_recipe(recipe, "quantized_model_init") if enabled else None
+    try:
+        yield
+    finally:
+        s.model_init, s.model_init_recipe = saved
+
+
+@contextlib.contextmanager
+def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                   preserve_high_precision_init_val: bool = False):
+    """The older name of `quantized_model_init`."""
+    with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
+        yield
+
+
+# ----- per-module recipe state ------------------------------------------------------------------
+
+def _flavor(device: torch.device) -> str:
+    if device.type != "cuda":
+        return fp8_formats.OCP
+    return native.capability(device).fp8_flavor or fp8_formats.OCP
+
+
+def _recipe_key(recipe) -> tuple:
+    if isinstance(recipe, DelayedScaling):
+        return ("delayed", recipe.fp8_format, recipe.amax_history_len)
+    return ("current", recipe.fp8_format, recipe.use_power_2_scales)
+
+
+class RecipeState:
+    """FP8 metadata of one module for one recipe on one device.
+
+    Slots are numbered per direction (forward: inputs and weights of the GEMMs; backward:
+    gradients). `scale[i]`/`amax[i]` are 1-element views made once, so a module call creates no
+    tensors for its scales. DelayedScaling: amax[i] is row 0 of the history (the kernels max
+    into it) and scale[i] the scale from the last update. Float8CurrentScaling: scratch values
+    recomputed before each cast."""
+
+    def __init__(self, recipe: Recipe, device: torch.device, n_fwd: int, n_bwd: int):
+        self.recipe, self.key, self.device = recipe, _recipe_key(recipe), device
+        self.delayed = isinstance(recipe, DelayedScaling)
+        flavor = _flavor(device)
+        fmt: Format = recipe.fp8_format
+        self.fwd_dtype = getattr(torch, fp8_formats.fp8_dtype_name(fmt.value.fwd, flavor))
+        self.bwd_dtype = getattr(torch, fp8_formats.fp8_dtype_name(fmt.value.bwd, flavor))
+        self.fwd_max = fp8_formats.fp8_max(fmt.value.fwd, flavor)
+        self.bwd_max = fp8_formats.fp8_max(fmt.value.bwd, flavor)
+        hist_len = recipe.amax_history_len if self.delayed else 1
+        f32 = dict(dtype=torch.float32, device=device)
+        self.amax_history_fwd = torch.zeros(hist_len, n_fwd, **f32)
+        self.amax_history_bwd = torch.zeros(hist_len, n_bwd, **f32)
+        self.scale_fwd = torch.ones(n_fwd, **f32)
+        self.scale_bwd = torch.ones(n_bwd, **f32)
+        self.scale_inv_fwd = torch.ones(n_fwd, **f32)
+        self.scale_inv_bwd = torch.ones(n_bwd, **f32)
+        self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
+        self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
+        self._make_views()
+        self.step_id = None
+
+    def _make_views(self):
+        self.fwd_scale = [self.scale_fwd[i:i + 1] for i in range(self.scale_fwd.numel())]
+        self.bwd_scale = [self.scale_bwd[i:i + 1] for i in range(self.scale_bwd.numel())]
+        self.fwd_amax = [self.amax_history_fwd[0, i:i + 1] for i in range(self.scale_fwd.numel())]
+        self.bwd_amax = [self.amax_history_bwd[0, i:i + 1] for i in range(self.scale_bwd.numel())]
+
+    # -- current scaling: amax, then scale, on the device
+    def current_scale(self, x: torch.Tensor, forward: bool, i: int, compute_amax) -> torch.Tensor:
+        amax = (self.fwd_amax if forward else self.bwd_amax)[i]
+        scale = (self.fwd_scale if forward else self.bwd_scale)[i]
+        amax.zero_()
+        compute_amax(x, amax)
+        scale.copy_(scale_from_amax(amax, self.max_fwd_t if forward else self.max_bwd_t,
+                                    self.recipe.use_power_2_scales))
+        return scale
+
+    # -- checkpoint I/O
+    def to_dict(self) -> dict:
+        return {"recipe": self.key[0], "amax_history_fwd": self.amax_history_fwd.clone(),
+                "amax_history_bwd": self.amax_history_bwd.clone(),
+                "scale_fwd": self.scale_fwd.clone(), "scale_bwd": self.scale_bwd.clone(),
+                "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone()}
+
+    def load_dict(self, d: dict) -> None:
+        for name in ("scale_fwd", "scale_bwd", "scale_inv_fwd", "scale_inv_bwd"):
+            if name in d and d[name].shape == getattr(self, name).shape:
+                getattr(self, name).copy_(d[name])
+        for name in ("amax_history_fwd", "amax_history_bwd"):
+            if name in d:
+                src, dst = d[name], getattr(self, name)
+                rows = min(src.shape[0], dst.shape[0])
+                if src.shape[1] == dst.shape[1]:
+                    dst.zero_()
+                    dst[:rows].copy_(src[:rows])
+
+
+def scale_from_amax(amax: torch.Tensor, fp8_max_t: torch.Tensor, power_2: bool) -> torch.Tensor:
+    """fp8_max / amax, or 1 where amax is 0 or not finite; rounded down to a power of two when
+    asked. Division of tensors (not scalar / tensor: torch turns that into a reciprocal)."""
+    scale = fp8_max_t / amax
+    ok = (amax > 0) & torch.isfinite(scale)
+    scale = torch.where(ok, scale, torch.ones_like(scale))
+    if power_2:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return scale
+
+
+def recipe_state_for(module_state: Optional[RecipeState], recipe: Recipe, device: torch.device,
+                     n_fwd: int, n_bwd: int) -> RecipeState:
+    """The module's state for this recipe: reused when only the recipe object changed (a new
+    DelayedScaling() each step keeps its history), rebuilt when its kind or device changed."""
+    if module_state is not None and module_state.device == device:
+        if module_state.recipe is recipe:
+            return module_state
+        if module_state.key == _recipe_key(recipe):
+            module_state.recipe = recipe
+            return module_state
+    return RecipeState(recipe, device, n_fwd, n_bwd)
+
+
+def register_forward(state: RecipeState) -> Optional[_Step]:
+    """Called by a module's FP8/calibrating forward: joins the step's batched update (delayed
+    scaling) and counts one backward to wait for. Returns the step for the backward."""
+    step = FP8GlobalState.step
+    if step is None or not state.delayed:
+        return None
+    if state.step_id is not step:
+        state.step_id = step
+        step.states.append(state)
+    step.pending_backward += 1
+    return step
+
+
+# ----- the batched update -----------------------------------------------------------------------
+
+def _reduce_amax(histories: List[torch.Tensor], group) -> None:
+    """All-reduce (MAX) row 0 of every history in one collective."""
+    import torch.distributed as dist
+    if group is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([h[0] for h in histories])
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
+    offset = 0
+    for h in histories:
+        n = h.shape[1]
+        h[0].copy_(flat[offset:offset + n])
+        offset += n
+
+
+def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> None:
+    if not states or not isinstance(recipe, DelayedScaling):
+        return
+    if forward:
+        groups = [(s.amax_history_fwd, s.scale_fwd, s.scale_inv_fwd, s.fwd_max) for s in states]
+    else:
+        groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
+    groups = [g for g in groups if g[0].shape[1] > 0]
+    if not groups:
+        return
+    if recipe.reduce_amax:
+        _reduce_amax([g[0] for g in groups], group)
+    from .ops import delayed_scaling_update
+    delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))

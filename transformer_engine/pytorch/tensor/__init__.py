@@ -1,0 +1,2 @@
+"""Quantized tensor types."""
+from .float8_tensor import Float8Tensor  # noqa: F401
