@@ -10,3 +10,7 @@ from .quantization import (  # noqa: F401
     quantized_model_init)
 from .tensor import Float8Tensor  # noqa: F401
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm  # noqa: F401
+from .attention import (  # noqa: F401
+    DotProductAttention, InferenceParams, MultiheadAttention, RotaryPositionEmbedding,
+    apply_rotary_pos_emb)
+from .transformer import TransformerLayer  # noqa: F401

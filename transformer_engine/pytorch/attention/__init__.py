@@ -3,3 +3,4 @@ from .backend_selection import AttentionBackendReport, get_attention_backend  # 
 from .dot_product_attention import DotProductAttention  # noqa: F401
 from .inference import InferenceParams  # noqa: F401
 from .rope import RotaryPositionEmbedding, apply_rotary_pos_emb  # noqa: F401
+from .multi_head_attention import MultiheadAttention  # noqa: F401

@@ -78,8 +78,11 @@ def build_attention_mask(mask_type: str, window: Tuple[int, int], batch: int, sq
     """Dense bool mask [b or 1, 1 or h, sq, sk] (True = masked out), or None when nothing is masked
     (so the unfused path can take the unmasked softmax). seqlens_q/seqlens_kv (int [b]) are the
     valid lengths of the padding types."""
-    if mask_type == "arbitrary":
-        return arbitrary_mask.bool() if arbitrary_mask is not None else None
+    if mask_type == "arbitrary":  # the caller's mask, narrowed by the window if there is one
+        window_mask = build_attention_mask("no_mask", window, batch, sq, sk, device)
+        if window_mask is None:
+            return arbitrary_mask.bool()
+        return arbitrary_mask.bool() | window_mask
     if not is_padding(mask_type) and not is_causal(mask_type) and not has_window(window, mask_type):
         return None
     if is_padding(mask_type):

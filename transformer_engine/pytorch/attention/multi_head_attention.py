@@ -1,0 +1,189 @@
+"""MultiheadAttention: (optional input norm +) QKV projection, RoPE, DotProductAttention, output
+projection, built from te.Linear / te.LayerNormLinear so FP8 autocast and tensor parallelism apply.
+
+QKV parameter layouts (self attention; q_size = heads * head_dim, kv_size = gqa_groups * head_dim):
+  fuse_qkv_params=True, qkv_weight_interleaved=True: one weight [q_size + 2 kv_size, hidden] whose
+      rows are grouped per kv group: (the group's query heads, its key head, its value head);
+  fuse_qkv_params=True, qkv_weight_interleaved=False: one weight, rows [all q | all k | all v];
+  fuse_qkv_params=False: separate parameters query_weight, key_weight, value_weight (one module,
+      `parameters_split`), i.e. the [q | k | v] layout.
+Cross attention: a query projection (with the input norm) and a key_value projection of
+encoder_output (key_weight, value_weight, or one fused weight with fuse_qkv_params).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ..module import LayerNormLinear, Linear
+from .dot_product_attention import DotProductAttention, _tp_world_size
+from .rope import apply_rotary_pos_emb
+
+_OP = "MultiheadAttention"
+
+
+class MultiheadAttention(torch.nn.Module):
+    """Self or cross multi-head attention with NVIDIA TE's constructor and forward arguments."""
+
+    def __init__(self, hidden_size: int, num_attention_heads: int, kv_channels: Optional[int] = None,
+                 attention_dropout: float = 0.1, layernorm_epsilon: float = 1e-5,
+                 init_method=None, output_layer_init_method=None, layer_number: Optional[int] = None,
+                 attn_mask_type: str = "causal", window_size: Optional[Tuple[int, int]] = None,
+                 tp_group=None, tp_size: int = 1, num_gqa_groups: Optional[int] = None,
+                 fuse_wgrad_accumulation: bool = False, get_rng_state_tracker=None,
+                 sequence_parallel: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 return_bias: bool = False, return_layernorm_output: bool = False,
+                 input_layernorm: bool = False, attention_type: str = "self",
+                 set_parallel_mode: bool = False, fuse_qkv_params: bool = False,
+                 zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
+                 bias: bool = True, normalization: str = "LayerNorm", device=None,
+                 qkv_format: str = "sbhd", name: Optional[str] = None, rotary_pos_interleaved: bool = False,
+                 softmax_scale: Optional[float] = None, **ignored_userbuffers_flags):
+        super().__init__()
+        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
+        if bad:
+            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(f"{_OP}: attention_type is {attention_type!r}; expected 'self' or 'cross'")
+        if return_layernorm_output and not input_layernorm:
+            raise ValueError(f"{_OP}: return_layernorm_output=True needs input_layernorm=True")
+        kv_channels = kv_channels if kv_channels is not None else hidden_size // num_attention_heads
+        num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        tp = _tp_world_size(tp_group, tp_size)
+        self.hidden_size, self.head_dim = hidden_size, kv_channels
+        self.num_attention_heads, self.num_gqa_groups = num_attention_heads, num_gqa_groups
+        self.heads_q, self.heads_kv = num_attention_heads // max(tp, 1), num_gqa_groups // max(tp, 1)
+        self.attention_type, self.input_layernorm = attention_type, input_layernorm
+        self.return_bias, self.return_layernorm_output = return_bias, return_layernorm_output
+        self.fuse_qkv_params, self.qkv_weight_interleaved = fuse_qkv_params, qkv_weight_interleaved
+        self.qkv_format, self.layer_number = qkv_format, layer_number
+        self.rotary_pos_interleaved = rotary_pos_interleaved
+        # The core attention validates heads/GQA/mask/window arguments for the whole module.
+        self.core_attention = DotProductAttention(
+            num_attention_heads, kv_channels, num_gqa_groups=num_gqa_groups,
+            attention_dropout=attention_dropout, qkv_format=qkv_format, attn_mask_type=attn_mask_type,
+            window_size=window_size, sequence_parallel=sequence_parallel, tp_size=tp_size,
+            get_rng_state_tracker=get_rng_state_tracker, tp_group=tp_group, layer_number=layer_number,
+            attention_type=attention_type, softmax_scale=softmax_scale)
+        q_size, kv_size = num_attention_heads * kv_channels, num_gqa_groups * kv_channels
+        common = dict(sequence_parallel=sequence_parallel, fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                      tp_group=tp_group, tp_size=tp_size, get_rng_state_tracker=get_rng_state_tracker,
+                      params_dtype=params_dtype, device=device, bias=bias)
+        column = dict(common, init_method=init_method,
+                      parallel_mode="column" if set_parallel_mode else None)
+        norm = dict(eps=layernorm_epsilon, normalization=normalization,
+                    zero_centered_gamma=zero_centered_gamma,
+                    return_layernorm_output=return_layernorm_output)
+        if attention_type == "self":
+            split = None if fuse_qkv_params else ("query_", "key_", "value_")
+            if input_layernorm:
+                self.layernorm_qkv = LayerNormLinear(hidden_size, q_size + 2 * kv_size,
+                                                     parameters_split=_split(split, q_size, kv_size),
+                                                     **column, **norm)
+            else:
+                self.qkv = Linear(hidden_size, q_size + 2 * kv_size,
+                                  parameters_split=_split(split, q_size, kv_size), **column)
+        else:
+            if input_layernorm:
+                self.layernorm_query = LayerNormLinear(hidden_size, q_size, **column, **norm)
+            else:
+                self.query_layer = Linear(hidden_size, q_size, **column)
+            split = None if fuse_qkv_params else {"key_": kv_size, "value_": kv_size}
+            self.key_value = Linear(hidden_size, 2 * kv_size, parameters_split=split, **column)
+        self.proj = Linear(q_size, hidden_size, init_method=output_layer_init_method,
+                           parallel_mode="row" if set_parallel_mode else None,
+                           return_bias=return_bias, **common)
+
+    # ----- projections ---------------------------------------------------------------------------
+
+    def _project(self, module, x, is_first_microbatch):
+        out = module(x, is_first_microbatch=is_first_microbatch)
+        if isinstance(out, tuple):  # (projection, layernorm output)
+            return out[0], out[-1]
+        return out, None
+
+    def _split_heads(self, x, heads):
+        return x.view(*x.shape[:-1], heads, self.head_dim)
+
+    def _qkv_self(self, hidden_states, is_first_microbatch):
+        module = self.layernorm_qkv if self.input_layernorm else self.qkv
+        mixed, ln_out = self._project(module, hidden_states, is_first_microbatch)
+        hq, hkv, d = self.heads_q, self.heads_kv, self.head_dim
+        if self.fuse_qkv_params and self.qkv_weight_interleaved:
+            per_group = hq // hkv
+            grouped = mixed.view(*mixed.shape[:-1], hkv, per_group + 2, d)
+            q = grouped[..., :per_group, :].reshape(*mixed.shape[:-1], hq, d)
+            k, v = grouped[..., per_group, :], grouped[..., per_group + 1, :]
+        else:
+            q, k, v = torch.split(mixed, (hq * d, hkv * d, hkv * d), dim=-1)
+            q, k, v = self._split_heads(q, hq), self._split_heads(k, hkv), self._split_heads(v, hkv)
+        return q, k, v, ln_out
+
+    def _qkv_cross(self, hidden_states, encoder_output, is_first_microbatch):
+        if encoder_output is None:
+            raise ValueError(f"{_OP}: cross attention needs encoder_output")
+        module = self.layernorm_query if self.input_layernorm else self.query_layer
+        q, ln_out = self._project(module, hidden_states, is_first_microbatch)
+        kv, _ = self._project(self.key_value, encoder_output, is_first_microbatch)
+        k, v = torch.split(kv, (self.heads_kv * self.head_dim,) * 2, dim=-1)
+        return (self._split_heads(q, self.heads_q), self._split_heads(k, self.heads_kv),
+                self._split_heads(v, self.heads_kv), ln_out)
+
+    def _rope(self, q, k, rotary_pos_emb, qkv_format, inference_params, cu_seqlens_q, cu_seqlens_kv):
+        q_freqs, k_freqs = (rotary_pos_emb if isinstance(rotary_pos_emb, (tuple, list))
+                            else (rotary_pos_emb, rotary_pos_emb))
+        if inference_params is not None:  # new tokens sit at positions offset, offset + 1, ...
+            start = inference_params.sequence_len_offset
+            sq = q.shape[0] if qkv_format == "sbhd" else q.shape[1]
+            sk = k.shape[0] if qkv_format == "sbhd" else k.shape[1]
+            q_freqs, k_freqs = q_freqs[start:start + sq], k_freqs[start:start + sk]
+        q = apply_rotary_pos_emb(q, q_freqs, qkv_format, self.rotary_pos_interleaved, fused=True,
+                                 cu_seqlens=cu_seqlens_q)
+        k = apply_rotary_pos_emb(k, k_freqs, qkv_format, self.rotary_pos_interleaved, fused=True,
+                                 cu_seqlens=cu_seqlens_kv)
+        return q, k
+
+    # ----- forward ---------------------------------------------------------------------------------
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
+                encoder_output: Optional[torch.Tensor] = None, attn_mask_type: Optional[str] = None,
+                window_size: Optional[Tuple[int, int]] = None, is_first_microbatch: Optional[bool] = None,
+                checkpoint_core_attention: bool = False, inference_params=None,
+                rotary_pos_emb: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
+                core_attention_bias_type: str = "no_bias", core_attention_bias=None, alibi_slopes=None,
+                cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+                fast_zero_fill: bool = True):
+        want = 2 if self.qkv_format == "thd" else 3
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != want \
+                or hidden_states.shape[-1] != self.hidden_size:
+            shape = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
+            raise ValueError(f"{_OP}: hidden_states has shape {shape}; expected {want} dims ending in "
+                             f"hidden_size {self.hidden_size} for qkv_format {self.qkv_format!r}")
+        if self.attention_type == "self":
+            q, k, v, ln_out = self._qkv_self(hidden_states, is_first_microbatch)
+        else:
+            q, k, v, ln_out = self._qkv_cross(hidden_states, encoder_output, is_first_microbatch)
+        if self.qkv_format == "thd" and self.attention_type == "self" and cu_seqlens_kv is None:
+            cu_seqlens_kv = cu_seqlens_q
+        if rotary_pos_emb is not None:
+            q, k = self._rope(q, k, rotary_pos_emb, self.qkv_format, inference_params,
+                              cu_seqlens_q, cu_seqlens_kv)
+        context = self.core_attention(
+            q, k, v, attention_mask=attention_mask, qkv_format=self.qkv_format,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv, attn_mask_type=attn_mask_type, window_size=window_size,
+            checkpoint_core_attention=checkpoint_core_attention,
+            core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill, inference_params=inference_params)
+        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+        outputs = tuple(out) if self.return_bias else (out,)
+        if self.return_layernorm_output:
+            outputs = outputs + (ln_out,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _split(names, q_size, kv_size):
+    if names is None:
+        return None
+    return dict(zip(names, (q_size, kv_size, kv_size)))

@@ -1,0 +1,167 @@
+"""TransformerLayer: one encoder or decoder block from MultiheadAttention and te.LayerNormMLP.
+
+Pre-LN (default, GPT/Llama): h = x + drop(attn(LN(x))); [decoder: h = h + drop(xattn(LN(h), enc))];
+out = h + drop(mlp(LN(h))).
+apply_residual_connection_post_layernorm: the residual of each block is the norm's output instead
+of its input. output_layernorm (BERT post-LN, with the previous flag): the attention takes x
+un-normalised and a final norm is applied to the block's output:
+h = x + drop(attn(x)); out = LN_out(LN(h) + drop(mlp(LN(h)))).
+parallel_attention_mlp (Falcon/GPT-J): out = x + drop(attn(LN1(x)) + mlp(LN2(x))).
+drop(.) is dropout (hidden_dropout) then drop-path (stochastic depth, per sample, drop_path_rate).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .attention.multi_head_attention import MultiheadAttention
+from .module import LayerNorm, LayerNormMLP, RMSNorm
+
+_OP = "TransformerLayer"
+
+
+def _drop_path(x: torch.Tensor, rate: float, training: bool, batch_dim: int) -> torch.Tensor:
+    """Stochastic depth: drop the whole branch of a sample with probability `rate`."""
+    if rate <= 0.0 or not training:
+        return x
+    shape = [1] * x.dim()
+    shape[batch_dim] = x.shape[batch_dim]
+    keep = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - rate)
+    return x * keep / (1.0 - rate)
+
+
+class TransformerLayer(torch.nn.Module):
+    """NVIDIA TE's TransformerLayer arguments; see the module docstring for the block structures."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int,
+                 num_gqa_groups: Optional[int] = None, layernorm_epsilon: float = 1e-5,
+                 hidden_dropout: float = 0.1, attention_dropout: float = 0.1,
+                 init_method=None, output_layer_init_method=None, layer_number: Optional[int] = None,
+                 kv_channels: Optional[int] = None, self_attn_mask_type: str = "causal",
+                 window_size: Optional[Tuple[int, int]] = None, enc_dec_attn_mask_type: str = "no_mask",
+                 enc_dec_window_size: Optional[Tuple[int, int]] = None, tp_group=None, tp_size: int = 1,
+                 params_dtype: Optional[torch.dtype] = None, get_rng_state_tracker=None,
+                 fuse_wgrad_accumulation: bool = False, seq_length: Optional[int] = None,
+                 micro_batch_size: Optional[int] = None, sequence_parallel: bool = False,
+                 apply_residual_connection_post_layernorm: bool = False, output_layernorm: bool = False,
+                 parallel_attention_mlp: bool = False, layer_type: str = "encoder",
+                 drop_path_rate: float = 0.0, set_parallel_mode: bool = False,
+                 fuse_qkv_params: bool = False, rotary_pos_interleaved: bool = False,
+                 zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
+                 bias: bool = True, activation: str = "gelu", normalization: str = "LayerNorm",
+                 device=None, attn_input_format: str = "sbhd", name: Optional[str] = None,
+                 softmax_scale: Optional[float] = None, **ignored_userbuffers_flags):
+        super().__init__()
+        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
+        if bad:
+            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        if layer_type not in ("encoder", "decoder"):
+            raise ValueError(f"{_OP}: layer_type is {layer_type!r}; expected 'encoder' or 'decoder'")
+        if parallel_attention_mlp and (layer_type == "decoder" or output_layernorm):
+            raise ValueError(f"{_OP}: parallel_attention_mlp works with layer_type 'encoder' and "
+                             "output_layernorm=False only")
+        if normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"{_OP}: normalization is {normalization!r}; expected LayerNorm or RMSNorm")
+        for name_, p in (("hidden_dropout", hidden_dropout), ("drop_path_rate", drop_path_rate)):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{_OP}: {name_} is {p}; expected [0, 1)")
+        if attn_input_format not in ("sbhd", "bshd", "thd"):
+            raise ValueError(f"{_OP}: attn_input_format is {attn_input_format!r}; expected sbhd, bshd or thd")
+        self.layer_type, self.output_layernorm = layer_type, output_layernorm
+        self.post_ln_residual = apply_residual_connection_post_layernorm
+        self.parallel_attention_mlp = parallel_attention_mlp
+        self.hidden_dropout, self.drop_path_rate = hidden_dropout, drop_path_rate
+        self.attn_input_format = attn_input_format
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
+        # post-LN residual needs the norm's output back from the fused norm+GEMM modules
+        want_ln_out = apply_residual_connection_post_layernorm and not output_layernorm
+        common = dict(layernorm_epsilon=layernorm_epsilon, init_method=init_method,
+                      output_layer_init_method=output_layer_init_method, layer_number=layer_number,
+                      tp_group=tp_group, tp_size=tp_size, num_gqa_groups=num_gqa_groups,
+                      fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                      get_rng_state_tracker=get_rng_state_tracker, sequence_parallel=sequence_parallel,
+                      params_dtype=params_dtype, return_layernorm_output=want_ln_out,
+                      set_parallel_mode=set_parallel_mode, fuse_qkv_params=fuse_qkv_params,
+                      zero_centered_gamma=zero_centered_gamma, qkv_weight_interleaved=qkv_weight_interleaved,
+                      bias=bias, normalization=normalization, device=device, qkv_format=attn_input_format,
+                      rotary_pos_interleaved=rotary_pos_interleaved, softmax_scale=softmax_scale)
+        self.self_attention = MultiheadAttention(
+            hidden_size, num_attention_heads, kv_channels=kv_channels,
+            attention_dropout=attention_dropout, attn_mask_type=self_attn_mask_type,
+            window_size=window_size, input_layernorm=not output_layernorm, attention_type="self",
+            **common)
+        if layer_type == "decoder":
+            self.inter_attention = MultiheadAttention(
+                hidden_size, num_attention_heads, kv_channels=kv_channels,
+                attention_dropout=attention_dropout, attn_mask_type=enc_dec_attn_mask_type,
+                window_size=enc_dec_window_size, input_layernorm=True, attention_type="cross", **common)
+        self.layernorm_mlp = LayerNormMLP(
+            hidden_size, ffn_hidden_size, eps=layernorm_epsilon, sequence_parallel=sequence_parallel,
+            get_rng_state_tracker=get_rng_state_tracker, tp_group=tp_group, tp_size=tp_size,
+            init_method=init_method, output_layer_init_method=output_layer_init_method, bias=bias,
+            activation=activation, normalization=normalization, params_dtype=params_dtype,
+            return_layernorm_output=apply_residual_connection_post_layernorm,
+            zero_centered_gamma=zero_centered_gamma, set_parallel_mode=set_parallel_mode,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation, device=device)
+        if output_layernorm:
+            norm_cls = LayerNorm if normalization == "LayerNorm" else RMSNorm
+            self.layernorm = norm_cls(hidden_size, eps=layernorm_epsilon, sequence_parallel=sequence_parallel,
+                                      params_dtype=params_dtype, zero_centered_gamma=zero_centered_gamma,
+                                      device=device)
+
+    def _drop_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        x = F.dropout(x, self.hidden_dropout, self.training)
+        batch_dim = 1 if self.attn_input_format == "sbhd" else 0
+        if self.attn_input_format == "thd":  # packed tokens: per-token depth drop is meaningless
+            batch_dim = None
+        if batch_dim is not None:
+            x = _drop_path(x, self.drop_path_rate, self.training, batch_dim)
+        return residual + x
+
+    @staticmethod
+    def _split(outputs, want_ln_out: bool):
+        if want_ln_out:
+            return outputs[0], outputs[-1]
+        return outputs, None
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
+                self_attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
+                encoder_output: Optional[torch.Tensor] = None, enc_dec_attn_mask=None,
+                enc_dec_attn_mask_type: Optional[str] = None,
+                enc_dec_window_size: Optional[Tuple[int, int]] = None,
+                is_first_microbatch: Optional[bool] = None, checkpoint_core_attention: bool = False,
+                inference_params=None, rotary_pos_emb=None, core_attention_bias_type: str = "no_bias",
+                core_attention_bias=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+                max_seqlen_q=None, max_seqlen_kv=None, fast_zero_fill: bool = True) -> torch.Tensor:
+        want_ln_out = self.post_ln_residual and not self.output_layernorm
+        attn = self.self_attention(
+            hidden_states, attention_mask=attention_mask, attn_mask_type=self_attn_mask_type,
+            window_size=window_size, is_first_microbatch=is_first_microbatch,
+            checkpoint_core_attention=checkpoint_core_attention, inference_params=inference_params,
+            rotary_pos_emb=rotary_pos_emb, core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill)
+        attn_out, ln_out = self._split(attn, want_ln_out)
+        residual = ln_out if want_ln_out else hidden_states
+        if self.parallel_attention_mlp:
+            mlp_out, mlp_ln = self._split(self.layernorm_mlp(hidden_states, is_first_microbatch=is_first_microbatch),
+                                          self.post_ln_residual)
+            return self._drop_add(attn_out + mlp_out, residual)
+        hidden = self._drop_add(attn_out, residual)
+        if self.layer_type == "decoder":
+            cross = self.inter_attention(
+                hidden, attention_mask=enc_dec_attn_mask, encoder_output=encoder_output,
+                attn_mask_type=enc_dec_attn_mask_type, window_size=enc_dec_window_size,
+                is_first_microbatch=is_first_microbatch,
+                checkpoint_core_attention=checkpoint_core_attention, fast_zero_fill=fast_zero_fill)
+            cross_out, cross_ln = self._split(cross, want_ln_out)
+            hidden = self._drop_add(cross_out, cross_ln if want_ln_out else hidden)
+        mlp = self.layernorm_mlp(hidden, is_first_microbatch=is_first_microbatch)
+        mlp_out, mlp_ln = self._split(mlp, self.post_ln_residual)
+        out = self._drop_add(mlp_out, mlp_ln if self.post_ln_residual else hidden)
+        if self.output_layernorm:
+            out = self.layernorm(out)
+        return out
