@@ -21,3 +21,16 @@ err = ((back.float() - x.float()).norm() / x.float().norm()).item()
 print(f"{device}: {tuple(x.shape)} -> {data.dtype} + transpose {tuple(data_t.shape)}, "
       f"relative round-trip error {err:.4f}")
 assert err < 0.05
+
+# The quickstart of NVIDIA Transformer Engine, unchanged except for the device (on a machine
+# without a GPU the same code runs on the reference backend with FP8 emulated).
+model = te.Linear(768, 3072, bias=True)
+inp = torch.randn(2048, 768, device=device)
+with te.fp8_autocast(enabled=True, fp8_recipe=recipe.DelayedScaling(margin=0, fp8_format=recipe.Format.E4M3)):
+    out = model(inp)
+out.sum().backward()
+ref = torch.nn.functional.linear(inp, model.weight, model.bias)
+err = ((out - ref).norm() / ref.norm()).item()
+print(f"te.Linear under fp8_autocast on {device}: out {tuple(out.shape)}, weight grad "
+      f"{tuple(model.weight.grad.shape)}, relative error vs fp32 {err:.4f}")
+assert out.shape == (2048, 3072) and model.weight.grad is not None and err < 0.1

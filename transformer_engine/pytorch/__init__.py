@@ -14,3 +14,4 @@ from .attention import (  # noqa: F401
     DotProductAttention, InferenceParams, MultiheadAttention, RotaryPositionEmbedding,
     apply_rotary_pos_emb)
 from .transformer import TransformerLayer  # noqa: F401
+from .checkpoint import checkpoint  # noqa: F401

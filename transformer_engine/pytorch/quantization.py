@@ -289,7 +289,7 @@ def recipe_state_for(module_state: Optional[RecipeState], recipe: Recipe, device
     return RecipeState(recipe, device, n_fwd, n_bwd)
 
 
-def register_forward(state: RecipeState) -> Optional[_Step]:
+def register_forward(state: RecipeState, expect_backward: bool = True) -> Optional[_Step]:
     """Called by a module's FP8/calibrating forward: joins the step's batched update (delayed
     scaling) and counts one backward to wait for. Returns the step for the backward."""
     step = FP8GlobalState.step
@@ -298,7 +298,8 @@ def register_forward(state: RecipeState) -> Optional[_Step]:
     if state.step_id is not step:
         state.step_id = step
         step.states.append(state)
-    step.pending_backward += 1
+    if expect_backward:
+        step.pending_backward += 1
     return step
 
 

@@ -68,7 +68,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
         from ._casts import record_list, replay_list
         replay = replay_list(self, phase) if s.enabled else None
         record = record_list(self, phase) if s.enabled else None
-        step = q.register_forward(rs) if phase != 2 else None
+        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2,
+        # run under the forward's step) will deliver
+        step = q.register_forward(rs, expect_backward=phase != 2)
         return FP8CallInfo(s.enabled, s.calibrating and not s.enabled, rs, step, replay, record)
 
     # -- weights
