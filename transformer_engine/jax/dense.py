@@ -1,0 +1,121 @@
+"""dense: y = x @ kernel (+ bias) with FP8 under fp8_autocast, usable without Flax.
+
+x [..., k], kernel [k, m], bias [m] or None. High precision: three GEMMs (fprop NN, dgrad TN,
+wgrad NT) through the GEMM primitive, in a jax.custom_vjp. FP8: x, kernel and the output
+gradient are cast with their transposed copies (cast_transpose) so that every FP8 GEMM is TN,
+the layout Hopper's FP8 tensor cores take; scales come from the FP8 metadata (delayed scaling,
+updated in the VJP, see transformer_engine.jax.fp8) or from the tensors themselves (current
+scaling). FP8 GEMMs need the token count, k and m to be multiples of 16: other sizes run in
+high precision."""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from . import fp8 as fp8_mod
+from .primitives.cast import cast_transpose
+from .primitives.gemm import general_gemm
+
+
+@jax.custom_vjp
+def _dense_hp(x2, kernel, bias):
+    return general_gemm(kernel, x2, x2.dtype, layout="NN", bias=bias).out
+
+
+def _dense_hp_fwd(x2, kernel, bias):
+    return _dense_hp(x2, kernel, bias), (x2, kernel, bias)
+
+
+def _dbias(dy, bias):
+    return None if bias is None else jnp.sum(dy.astype(jnp.float32), axis=0).astype(bias.dtype)
+
+
+def _dense_hp_bwd(res, dy):
+    x2, kernel, bias = res
+    dy = dy.astype(x2.dtype)
+    dx = general_gemm(kernel, dy, x2.dtype, layout="TN").out
+    dw = general_gemm(dy, x2, x2.dtype, layout="NT").out
+    return dx, dw.astype(kernel.dtype), _dbias(dy, bias)
+
+
+_dense_hp.defvjp(_dense_hp_fwd, _dense_hp_bwd)
+
+
+def _scales(cfg, scale, x2, kernel):
+    if cfg.delayed:
+        return scale[fp8_mod.INPUT], scale[fp8_mod.KERNEL]
+    return (fp8_mod.current_scale(x2, cfg.fwd_max, cfg.power_2_scales),
+            fp8_mod.current_scale(kernel, cfg.fwd_max, cfg.power_2_scales))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _dense_fp8(x2, kernel, bias, amax_history, scale, cfg):
+    return _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, cfg)[0]
+
+
+def _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, cfg):
+    sx, sw = _scales(cfg, scale, x2, kernel)
+    xq, xq_t, x_si, x_amax = cast_transpose(x2, sx, cfg.fwd_dtype)
+    wq, wq_t, w_si, w_amax = cast_transpose(kernel.astype(x2.dtype), sw, cfg.fwd_dtype)
+    out = general_gemm(wq_t, xq, x2.dtype, layout="TN", A_scale_inv=w_si, B_scale_inv=x_si,
+                       bias=bias).out
+    # residuals must be arrays: empty ones carry the dtypes of x and kernel
+    res = (xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, bias,
+           jnp.zeros((0,), x2.dtype), jnp.zeros((0,), kernel.dtype))
+    return out, res
+
+
+def _dense_fp8_bwd(cfg, res, dy):
+    xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, bias, x_like, k_like = res
+    x_dtype, k_dtype = x_like.dtype, k_like.dtype
+    dy = dy.astype(x_dtype)
+    sg = scale[fp8_mod.GRAD] if cfg.delayed else \
+        fp8_mod.current_scale(dy, cfg.bwd_max, cfg.power_2_scales)
+    gq, gq_t, g_si, g_amax = cast_transpose(dy, sg, cfg.bwd_dtype)
+    dx = general_gemm(wq, gq, x_dtype, layout="TN", A_scale_inv=w_si, B_scale_inv=g_si).out
+    dw = general_gemm(gq_t, xq_t, jnp.float32, layout="TN", A_scale_inv=g_si,
+                      B_scale_inv=x_si).out
+    d_hist = d_scale = None
+    if cfg.delayed:
+        amaxes = jnp.concatenate([x_amax, w_amax, g_amax])
+        d_hist, d_scale = fp8_mod.updated_fp8_meta(cfg, amax_history, scale, amaxes)
+    return dx, dw.astype(k_dtype), _dbias(dy, bias), d_hist, d_scale
+
+
+_dense_fp8.defvjp(_dense_fp8_fwd, _dense_fp8_bwd)
+
+
+def fp8_gemm_fits(tokens: int, k: int, m: int) -> bool:
+    return tokens > 0 and all(d % 16 == 0 for d in (tokens, k, m))
+
+
+def dense(x, kernel, bias=None, fp8_meta=None):
+    """x [..., k] @ kernel [k, m] (+ bias [m]) -> [..., m] in x's dtype.
+
+    fp8_meta: (amax_history [L, 3], scale [3]) for delayed scaling under fp8_autocast (the Flax
+    modules keep them in the FP8_COLLECTION); ignored outside FP8 and for current scaling."""
+    if kernel.ndim != 2 or x.ndim < 1 or x.shape[-1] != kernel.shape[0]:
+        raise ValueError(f"dense: x {x.shape} and kernel {kernel.shape}; expected x [..., k] and "
+                         f"kernel [k, m]")
+    if bias is not None and bias.shape != (kernel.shape[1],):
+        raise ValueError(f"dense: bias has shape {bias.shape}; expected ({kernel.shape[1]},)")
+    lead = x.shape[:-1]
+    k, m = kernel.shape
+    x2 = x.reshape(math.prod(lead), k)
+    kernel = kernel.astype(x.dtype)
+    cfg = fp8_mod.current_fp8_config()
+    if cfg is not None and fp8_gemm_fits(x2.shape[0], k, m):
+        if cfg.delayed:
+            if fp8_meta is None:
+                raise ValueError("dense: delayed scaling needs fp8_meta=(amax_history, scale) "
+                                 "(the Flax modules provide it)")
+            amax_history, scale = fp8_meta
+        else:
+            amax_history = scale = None
+        out = _dense_fp8(x2, kernel, bias, amax_history, scale, cfg)
+    else:
+        out = _dense_hp(x2, kernel, bias)
+    return out.reshape(lead + (m,))

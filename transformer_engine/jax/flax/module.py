@@ -1,0 +1,245 @@
+"""Flax modules DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP with the argument
+names of NVIDIA TE's JAX API, built on the functional ops (FP8 under fp8_autocast/autocast;
+delayed-scaling metadata in the FP8_COLLECTION variable collection, see
+transformer_engine.jax.fp8)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .. import fp8 as fp8_mod
+from ..dense import dense
+from ..layernorm_mlp import activation as _activation, activation_name, layernorm
+from ..sharding import with_sharding_constraint
+
+Initializer = Callable[..., Any]
+
+
+def _default_kernel_init():
+    return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def _canon(axis, ndim):
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(a % ndim for a in axes)
+
+
+class _FP8Metas(nn.Module):
+    """Mixin: the (amax_history, scale) of one dense op, created only under delayed scaling."""
+
+    def fp8_meta(self, name: str):
+        cfg = fp8_mod.current_fp8_config()
+        if cfg is None or not cfg.delayed:
+            return None
+        length = fp8_mod.get_fp8_recipe().amax_history_len
+        hist0, scale0 = fp8_mod.init_fp8_meta(length)
+        hist = self.variable(fp8_mod.FP8_COLLECTION, f"{name}_amax_history", lambda: hist0)
+        scale = self.variable(fp8_mod.FP8_COLLECTION, f"{name}_scale", lambda: scale0)
+        return hist.value, scale.value
+
+
+def _data_parallel(x):
+    dp = fp8_mod.get_mesh_resource().dp_resource
+    return with_sharding_constraint(x, dp, *([None] * (x.ndim - 1)))
+
+
+class DenseGeneral(_FP8Metas):
+    """y = x @ kernel (+ bias) contracting `axis` (trailing) dims of x into `features`."""
+    features: Union[Iterable[int], int]
+    kernel_init: Optional[Initializer] = None
+    kernel_axes: Tuple[str, ...] = ()
+    use_bias: bool = True
+    bias_init: Initializer = nn.initializers.zeros
+    bias_axes: Tuple[str, ...] = ()
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: Optional[float] = None
+    axis: Union[Iterable[int], int] = -1
+    dtype: Any = jnp.float32
+    input_axes: Tuple[str, ...] = ()
+    transpose_batch_sequence: bool = False
+
+    @nn.compact
+    def __call__(self, inputs):
+        x = jnp.asarray(inputs, self.dtype)
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        axes = _canon(self.axis, x.ndim)
+        if axes != tuple(range(x.ndim - len(axes), x.ndim)):
+            raise ValueError(f"DenseGeneral: axis {self.axis} must be the trailing dims of the "
+                             f"input (shape {x.shape})")
+        in_shape = tuple(x.shape[a] for a in axes)
+        kernel = self.param("kernel", self.kernel_init or _default_kernel_init(),
+                            in_shape + features, self.dtype)
+        k, m = math.prod(in_shape), math.prod(features)
+        kernel2 = kernel.reshape(k, m)
+        bias = self.param("bias", self.bias_init, features, self.dtype).reshape(m) \
+            if self.use_bias else None
+        lead = x.shape[:x.ndim - len(axes)]
+        x2 = _data_parallel(x.reshape(lead + (k,)))
+        tp = fp8_mod.get_mesh_resource().tp_resource
+        kernel2 = with_sharding_constraint(kernel2, None, tp)
+        y = dense(x2, kernel2, bias, self.fp8_meta("kernel"))
+        if self.enable_low_rank_adaptation:
+            r = self.low_rank_adaptation_dim
+            a = self.param("lora_a_kernel", _default_kernel_init(), (k, r), self.dtype)
+            b = self.param("lora_b_kernel", nn.initializers.zeros, (r, m), self.dtype)
+            scale = (self.low_rank_adaptation_alpha / r) if self.low_rank_adaptation_alpha else 1.0
+            y = y + (x2 @ a @ b) * scale
+        return y.reshape(lead + features)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm ('layernorm') or RMSNorm ('rmsnorm') over the last dimension."""
+    epsilon: float = 1e-6
+    layernorm_type: str = "layernorm"
+    zero_centered_gamma: bool = False
+    scale_init: Optional[Initializer] = None
+    scale_axes: Tuple[str, ...] = ("embed",)
+    bias_init: Initializer = nn.initializers.zeros
+    bias_axes: Tuple[str, ...] = ("embed",)
+    dtype: Any = jnp.float32
+    transpose_batch_sequence: bool = False
+
+    def norm_params(self, hidden):
+        init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma
+                                   else nn.initializers.ones)
+        gamma = self.param("scale", init, (hidden,), self.dtype)
+        beta = self.param("ln_bias", self.bias_init, (hidden,), self.dtype) \
+            if self.layernorm_type == "layernorm" else None
+        return gamma, beta
+
+    @nn.compact
+    def __call__(self, x):
+        if self.layernorm_type not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"LayerNorm: layernorm_type is {self.layernorm_type!r}; expected "
+                             f"'layernorm' or 'rmsnorm'")
+        x = jnp.asarray(x, self.dtype)
+        gamma, beta = self.norm_params(x.shape[-1])
+        return layernorm(x, gamma, beta, self.layernorm_type, self.zero_centered_gamma,
+                         self.epsilon)
+
+
+def _norm_params(module, hidden, prefix=""):
+    init = module.scale_init or (nn.initializers.zeros if module.zero_centered_gamma
+                                 else nn.initializers.ones)
+    gamma = module.param("scale", init, (hidden,), module.dtype)
+    beta = module.param("ln_bias", module.ln_bias_init, (hidden,), module.dtype) \
+        if module.layernorm_type == "layernorm" else None
+    return gamma, beta
+
+
+class LayerNormDenseGeneral(_FP8Metas):
+    """(dense(layernorm(x)), layernorm output or None)."""
+    features: Union[Iterable[int], int]
+    enable_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Optional[Initializer] = None
+    scale_axes: Tuple[str, ...] = ("embed",)
+    ln_bias_init: Initializer = nn.initializers.zeros
+    ln_bias_axes: Tuple[str, ...] = ("embed",)
+    kernel_init: Optional[Initializer] = None
+    kernel_axes: Tuple[str, ...] = ()
+    use_bias: bool = False
+    bias_init: Initializer = nn.initializers.zeros
+    bias_axes: Tuple[str, ...] = ()
+    return_layernorm_output: bool = False
+    axis: Union[Iterable[int], int] = -1
+    dtype: Any = jnp.float32
+    transpose_batch_sequence: bool = False
+    layernorm_input_axes: Tuple[str, ...] = None
+    dot_input_axes: Tuple[str, ...] = None
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: Optional[float] = None
+
+    @nn.compact
+    def __call__(self, inputs):
+        x = _data_parallel(jnp.asarray(inputs, self.dtype))
+        if _canon(self.axis, x.ndim) != (x.ndim - 1,):
+            raise ValueError("LayerNormDenseGeneral: only axis=-1 is supported")
+        h = x
+        if self.enable_layernorm:
+            gamma, beta = _norm_params(self, x.shape[-1])
+            h = layernorm(x, gamma, beta, self.layernorm_type, self.zero_centered_gamma,
+                          self.epsilon)
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        m = math.prod(features)
+        kernel = self.param("kernel", self.kernel_init or _default_kernel_init(),
+                            (x.shape[-1],) + features, self.dtype).reshape(x.shape[-1], m)
+        kernel = with_sharding_constraint(kernel, None, fp8_mod.get_mesh_resource().tp_resource)
+        bias = self.param("bias", self.bias_init, features, self.dtype).reshape(m) \
+            if self.use_bias else None
+        y = dense(h, kernel, bias, self.fp8_meta("kernel"))
+        if self.enable_low_rank_adaptation:
+            r = self.low_rank_adaptation_dim
+            a = self.param("lora_a_kernel", _default_kernel_init(), (x.shape[-1], r), self.dtype)
+            b = self.param("lora_b_kernel", nn.initializers.zeros, (r, m), self.dtype)
+            scale = (self.low_rank_adaptation_alpha / r) if self.low_rank_adaptation_alpha else 1.0
+            y = y + (h @ a @ b) * scale
+        y = y.reshape(x.shape[:-1] + features)
+        return y, (h if self.return_layernorm_output else None)
+
+
+class LayerNormMLP(_FP8Metas):
+    """(fc2(dropout(act(fc1(layernorm(x))))), layernorm output or None). activations: a tuple of
+    names, e.g. ('gelu',) or ('silu', 'linear') for SwiGLU; kernel_1 [hidden, n_act, inter]."""
+    intermediate_dim: int = 2048
+    enable_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Optional[Initializer] = None
+    scale_axes: Tuple[str, ...] = ("embed",)
+    ln_bias_init: Initializer = nn.initializers.zeros
+    ln_bias_axes: Tuple[str, ...] = ("embed",)
+    kernel_init: Optional[Initializer] = None
+    kernel_axes_1: Tuple[str, ...] = ("embed", "act", "mlp")
+    kernel_axes_2: Tuple[str, ...] = ("mlp", "embed")
+    use_bias: bool = False
+    bias_init: Initializer = nn.initializers.zeros
+    bias_axes_1: Tuple[str, ...] = ("act", "mlp")
+    bias_axes_2: Tuple[str, ...] = ("embed",)
+    return_layernorm_output: bool = False
+    activations: Sequence[Union[str, Callable]] = ("relu",)
+    intermediate_dropout_rng_name: str = "dropout"
+    intermediate_dropout_rate: float = 0.1
+    intermediate_hidden_dropout_dims: Sequence[int] = ()
+    axis: Union[Iterable[int], int] = -1
+    dtype: Any = jnp.float32
+    transpose_batch_sequence: bool = False
+
+    @nn.compact
+    def __call__(self, inputs, deterministic: bool = False):
+        x = _data_parallel(jnp.asarray(inputs, self.dtype))
+        hidden = x.shape[-1]
+        acts = tuple(self.activations)
+        activation_name(acts)  # validates the tuple
+        n_act, inter = len(acts), self.intermediate_dim
+        h = x
+        if self.enable_layernorm:
+            gamma, beta = _norm_params(self, hidden)
+            h = layernorm(x, gamma, beta, self.layernorm_type, self.zero_centered_gamma,
+                          self.epsilon)
+        init = self.kernel_init or _default_kernel_init()
+        tp = fp8_mod.get_mesh_resource().tp_resource
+        k1 = self.param("wi_kernel", init, (hidden, n_act, inter), self.dtype)
+        k2 = self.param("wo_kernel", init, (inter, hidden), self.dtype)
+        k1 = with_sharding_constraint(k1.reshape(hidden, n_act * inter), None, tp)
+        k2 = with_sharding_constraint(k2, tp, None)
+        b1 = self.param("wi_bias", self.bias_init, (n_act, inter), self.dtype).reshape(-1) \
+            if self.use_bias else None
+        b2 = self.param("wo_bias", self.bias_init, (hidden,), self.dtype) if self.use_bias else None
+        y1 = dense(h, k1, b1, self.fp8_meta("wi"))
+        a = _activation(y1, acts)
+        a = nn.Dropout(rate=self.intermediate_dropout_rate,
+                       broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
+                       rng_collection=self.intermediate_dropout_rng_name)(
+                           a, deterministic=deterministic)
+        y = dense(a, k2, b2, self.fp8_meta("wo"))
+        return y, (h if self.return_layernorm_output else None)

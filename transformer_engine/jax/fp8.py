@@ -1,0 +1,152 @@
+"""FP8 autocast for JAX: the recipe in force, the device's FP8 dtypes and maxima (never
+hard-coded: OCP on NVIDIA and the reference backend, FNUZ on MI300), and the functional FP8
+metadata of the dense-like ops.
+
+Delayed scaling keeps, per dense-like op, a Flax variable collection FP8_COLLECTION holding
+`amax_history` [history_len, 3] and `scale` [3] for (input, kernel, output gradient). The step
+is functional: the ops' custom VJPs return, as the "gradient" of those variables, their updated
+values (this step's amaxes recorded, the history rolled and the scales recomputed on the device by
+the delayed-scaling primitive). So after `grads = jax.grad(loss)(params, fp8_vars)`, the new
+FP8 variables are the gradients of the FP8 collection: `fp8_vars = update_fp8_metas(grads)`.
+A module applied more than once in one step receives the sum of its updates (not supported).
+Current scaling needs no state: each cast uses fp8_max / amax of its own tensor.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Optional
+
+import jax.numpy as jnp
+
+from ..common import fp8_formats, recipe as recipe_mod
+from ..common.capabilities import native_device_capability
+from .ops.cast import fp8_dtype as _fp8_dtype
+from .sharding import MeshResource
+
+FP8_COLLECTION = "fp8_metas"
+NUM_META = 3  # input, kernel, output gradient
+INPUT, KERNEL, GRAD = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _AutocastState:
+    enabled: bool = False
+    recipe: Optional[recipe_mod.Recipe] = None
+    mesh_resource: MeshResource = MeshResource()
+
+
+_STATE = [_AutocastState()]
+
+
+@functools.lru_cache(maxsize=None)
+def _flavor() -> str:
+    cap = native_device_capability()
+    if cap.fp8_flavor is None:
+        raise NotImplementedError(f"fp8_autocast: this device has no FP8 support ({cap.reason})")
+    return cap.fp8_flavor
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = False, fp8_recipe: Optional[recipe_mod.Recipe] = None,
+                 mesh_resource: Optional[MeshResource] = None):
+    """FP8 for the modules and functional ops traced inside (the state is read at trace time)."""
+    if fp8_recipe is None and enabled:
+        fp8_recipe = recipe_mod.DelayedScaling()
+    if enabled:
+        if not isinstance(fp8_recipe, (recipe_mod.DelayedScaling, recipe_mod.Float8CurrentScaling)):
+            raise NotImplementedError(f"fp8_autocast: recipe {type(fp8_recipe).__name__} is not "
+                                      f"supported by the JAX frontend; use DelayedScaling or "
+                                      f"Float8CurrentScaling")
+        _flavor()
+    if mesh_resource is not None and not isinstance(mesh_resource, MeshResource):
+        raise TypeError(f"fp8_autocast: mesh_resource must be a MeshResource, got {mesh_resource!r}")
+    _STATE.append(_AutocastState(bool(enabled), fp8_recipe if enabled else None,
+                                 mesh_resource or MeshResource()))
+    try:
+        yield
+    finally:
+        _STATE.pop()
+
+
+def autocast(enabled: bool = False, recipe: Optional[recipe_mod.Recipe] = None,
+             mesh_resource: Optional[MeshResource] = None):
+    """The newer name of fp8_autocast (argument `recipe`)."""
+    return fp8_autocast(enabled, recipe, mesh_resource)
+
+
+def is_fp8_enabled() -> bool:
+    return _STATE[-1].enabled
+
+
+def get_fp8_recipe() -> Optional[recipe_mod.Recipe]:
+    return _STATE[-1].recipe
+
+
+def get_mesh_resource() -> MeshResource:
+    return _STATE[-1].mesh_resource
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Config:
+    """Static (hashable) description of how one op casts to FP8."""
+    fwd_dtype: object
+    bwd_dtype: object
+    fwd_max: float
+    bwd_max: float
+    delayed: bool
+    margin: float = 0.0
+    amax_compute_algo: object = "max"
+    power_2_scales: bool = False
+
+
+def current_fp8_config() -> Optional[FP8Config]:
+    """FP8Config of the autocast in force, None outside FP8."""
+    state = _STATE[-1]
+    if not state.enabled:
+        return None
+    r = state.recipe
+    flavor = _flavor()
+    fmt = r.fp8_format.value
+    common = dict(fwd_dtype=_fp8_dtype(fmt.fwd, flavor), bwd_dtype=_fp8_dtype(fmt.bwd, flavor),
+                  fwd_max=fp8_formats.fp8_max(fmt.fwd, flavor),
+                  bwd_max=fp8_formats.fp8_max(fmt.bwd, flavor))
+    if isinstance(r, recipe_mod.DelayedScaling):
+        return FP8Config(delayed=True, margin=float(r.margin), amax_compute_algo=r.amax_compute_algo,
+                         **common)
+    return FP8Config(delayed=False, power_2_scales=r.use_power_2_scales, **common)
+
+
+def init_fp8_meta(history_len: int):
+    """(amax_history [L, 3], scale [3]) initial values."""
+    return jnp.zeros((history_len, NUM_META), jnp.float32), jnp.ones((NUM_META,), jnp.float32)
+
+
+def current_scale(x, fp8_max, power_2_scales=False):
+    """fp8_max / max|x| (1 where x is all zero or not finite), a power of two below it if asked."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if x.size else jnp.float32(0)
+    s = jnp.float32(fp8_max) / amax
+    s = jnp.where((amax > 0) & jnp.isfinite(s), s, jnp.float32(1))
+    return jnp.exp2(jnp.floor(jnp.log2(s))) if power_2_scales else s
+
+
+def updated_fp8_meta(cfg: FP8Config, amax_history, scale, amaxes):
+    """New (amax_history, scale) after a step whose (input, kernel, grad) amaxes are `amaxes`
+    [3]: recorded in row 0, then the delayed-scaling update (on the device, batched per format)."""
+    from .primitives.cast import delayed_scaling_update
+    hist = amax_history.at[0].set(amaxes.astype(jnp.float32))
+    fwd_h, fwd_s, _ = delayed_scaling_update(hist[:, :GRAD], scale[:GRAD], cfg.fwd_max,
+                                             cfg.amax_compute_algo, cfg.margin)
+    bwd_h, bwd_s, _ = delayed_scaling_update(hist[:, GRAD:], scale[GRAD:], cfg.bwd_max,
+                                             cfg.amax_compute_algo, cfg.margin)
+    return jnp.concatenate([fwd_h, bwd_h], axis=1), jnp.concatenate([fwd_s, bwd_s])
+
+
+def update_fp8_metas(tree):
+    """The FP8 collection of `tree` (the gradients of a step, or variables): with this frontend
+    the step's custom VJPs already carry the updated history and scales, so the explicit update
+    of older TE versions is this selection. Returns {FP8_COLLECTION: ...} or {}."""
+    if isinstance(tree, dict) and FP8_COLLECTION in tree:
+        return {FP8_COLLECTION: tree[FP8_COLLECTION]}
+    return {}
