@@ -310,3 +310,129 @@ def test_gpu_picks_first_supported_backend():
         order = bs.PREFERENCE["rocm" if torch.version.hip else "cuda"]
         expected = next(b for b in order if b == "unfused" or attn_ops.native_attention_support(b, cfg)[0])
         assert report.chosen == expected, str(report)
+
+
+# ----- DotProductAttention features ------------------------------------------------------------
+
+def _qkv(shape_q, shape_kv, dtype=torch.float32, device="cpu", seed=0):
+    return (randn(shape_q, dtype, device, seed + 1).requires_grad_(),
+            randn(shape_kv, dtype, device, seed + 2).requires_grad_(),
+            randn(shape_kv, dtype, device, seed + 3).requires_grad_())
+
+
+def test_padding_mask_tensor_equals_cu_seqlens():
+    """A [b, 1, 1, s] padding mask (True = padded) and the equivalent cu_seqlens give one result."""
+    q, k, v = _qkv((3, 13, 4, 16), (3, 13, 4, 16))
+    lengths = torch.tensor([13, 6, 1])
+    pad = (torch.arange(13)[None] >= lengths[:, None]).view(3, 1, 1, 13)
+    cu = torch.tensor([0, 13, 19, 20], dtype=torch.int32)
+    dpa = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="padding_causal")
+    a = dpa(q, k, v, attention_mask=pad)
+    b = dpa(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # cross lengths: a (query mask, key mask) tuple
+    kk, vv = randn((3, 9, 4, 16), torch.float32, "cpu", 5), randn((3, 9, 4, 16), torch.float32, "cpu", 6)
+    kpad = (torch.arange(9)[None] >= torch.tensor([9, 2, 5])[:, None]).view(3, 1, 1, 9)
+    c = dpa(q, kk, vv, attention_mask=(pad, kpad), attn_mask_type="padding")
+    ref = attn_ops.attention_reference(q, kk, vv, qkv_format="bshd", mask_type="padding", softmax_scale=0.25,
+                                       cu_seqlens_q=cu, cu_seqlens_kv=torch.tensor([0, 9, 11, 16], dtype=torch.int32))
+    close(c, ref.reshape(c.shape), torch.float32)
+
+
+def test_post_scale_bias_and_softmax_scale():
+    q, k, v = _qkv((2, 9, 3, 8), (2, 12, 3, 8))
+    bias = randn((1, 3, 9, 12), torch.float32, "cpu", 7)
+    dpa = DotProductAttention(3, 8, qkv_format="bshd", attn_mask_type="no_mask", softmax_scale=0.7)
+    out = dpa(q, k, v, core_attention_bias_type="post_scale_bias", core_attention_bias=bias)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.7 + bias
+    ref = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(out.shape)
+    close(out, ref, torch.float32)
+    assert dpa.last_backend_report.chosen == "unfused"
+
+
+def test_checkpoint_core_attention_same_grads():
+    q, k, v = _qkv((11, 2, 4, 16), (11, 2, 2, 16))
+    dpa = DotProductAttention(4, 16, num_gqa_groups=2, attn_mask_type="causal")
+    g = randn((11, 2, 64), torch.float32, "cpu", 8)
+    plain = torch.autograd.grad(dpa(q, k, v), (q, k, v), g)
+    ckpt = torch.autograd.grad(dpa(q, k, v, checkpoint_core_attention=True), (q, k, v), g)
+    for a, b in zip(plain, ckpt):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_attention_dropout_uses_rng_tracker():
+    tracker = te.CudaRNGStatesTracker()
+
+    def reseed():
+        tracker.reset()
+        tracker.add("model-parallel-rng", 1234)
+    q, k, v = _qkv((2, 17, 2, 16), (2, 17, 2, 16))
+    dpa = DotProductAttention(2, 16, attention_dropout=0.5, qkv_format="bshd",
+                              get_rng_state_tracker=lambda: tracker)
+    reseed()
+    a = dpa(q, k, v)
+    reseed()
+    b = dpa(q, k, v)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)        # same tracker state: same dropout
+    dpa.eval()
+    c = dpa(q, k, v)
+    assert not torch.allclose(a, c)                          # eval: no dropout
+    ref = attn_ops.attention_reference(q, k, v, qkv_format="bshd", mask_type="causal", softmax_scale=0.25)
+    close(c, ref.reshape(c.shape), torch.float32)
+
+
+@pytest.mark.parametrize("kwargs,call,match", [
+    (dict(attn_mask_type="sideways"), {}, "attn_mask_type"),
+    (dict(qkv_format="hsbd"), {}, "qkv_format"),
+    (dict(num_gqa_groups=3), {}, "num_gqa_groups"),
+    (dict(window_size=(4, 2), attn_mask_type="causal"), {}, "causal"),
+    (dict(window_size=(-3, 0)), {}, ">= -1"),
+    (dict(attention_dropout=1.0), {}, "attention_dropout"),
+])
+def test_constructor_errors(kwargs, call, match):
+    with pytest.raises(ValueError, match=match):
+        DotProductAttention(4, 16, **kwargs)
+
+
+def test_forward_errors():
+    dpa = DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="padding")
+    q = torch.randn(2, 5, 4, 16)
+    with pytest.raises(ValueError, match="attention_mask"):
+        dpa(q, q, q)                                         # padding without lengths
+    with pytest.raises(ValueError, match="4 heads"):
+        dpa(torch.randn(2, 5, 3, 16), q, q, attn_mask_type="causal")
+    with pytest.raises(ValueError, match="thd"):
+        dpa(q[0], q[0], q[0], qkv_format="thd")              # thd needs cu_seqlens
+    with pytest.raises(ValueError, match="arbitrary"):
+        dpa(q, q, q, attn_mask_type="arbitrary")             # arbitrary needs a mask tensor
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        dpa(q, q, q, attn_mask_type="arbitrary", attention_mask=torch.zeros(2, 1, 5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="dtype"):
+        dpa(q, q.double(), q, attn_mask_type="causal")
+    with pytest.raises(NotImplementedError, match="alibi"):
+        dpa(q, q, q, attn_mask_type="causal", core_attention_bias_type="alibi")
+
+
+# ----- RoPE --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_table_and_apply(interleaved):
+    """The table rotates pair (i, i + R/2) (or (2i, 2i+1)) by position * base^(-2i/R), and the
+    channels past R pass through."""
+    rope = RotaryPositionEmbedding(24, rotary_percent=0.5, interleaved=interleaved)
+    freqs = rope(7, offset=2)
+    assert freqs.shape == (7, 1, 1, 12) and freqs.dtype == torch.float32
+    inv = 10000.0 ** (-torch.arange(0, 12, 2, dtype=torch.float32) / 12)
+    angles = torch.outer(torch.arange(2, 9, dtype=torch.float32), inv)
+    expect = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+    torch.testing.assert_close(freqs.view(7, 12), expect)
+    x = randn((7, 2, 3, 24), torch.float32, "cpu", 3)
+    y = te.apply_rotary_pos_emb(x, freqs, "sbhd", interleaved=interleaved)
+    torch.testing.assert_close(y[..., 12:], x[..., 12:], rtol=0, atol=0)
+    pairs = (0, 1) if interleaved else (0, 6)
+    c, s = angles[:, 0].cos().view(7, 1, 1), angles[:, 0].sin().view(7, 1, 1)
+    a, b = x[..., pairs[0]], x[..., pairs[1]]
+    torch.testing.assert_close(y[..., pairs[0]], a * c - b * s)
+    torch.testing.assert_close(y[..., pairs[1]], b * c + a * s)
+    half = RotaryPositionEmbedding(24, seq_len_interpolation_factor=2.0)(4)
+    torch.testing.assert_close(half.view(4, 24)[:, 0], torch.arange(4.0) / 2)

@@ -79,7 +79,8 @@ class DotProductAttention(torch.nn.Module):
             self.head_dim_qk = self.head_dim_v = int(kv_channels)
         self.qkv_format = masks.check_qkv_format(_OP, qkv_format)
         self.attn_mask_type = masks.canonical_mask_type(_OP, attn_mask_type)
-        self.window_size = masks.canonical_window(_OP, window_size, self.attn_mask_type)
+        masks.canonical_window(_OP, window_size, self.attn_mask_type)   # validate now
+        self.window_size = window_size   # as given: a forward may change the mask type
         self.attention_dropout = float(attention_dropout)
         self.softmax_scale = (1.0 / math.sqrt(self.head_dim_qk)) if softmax_scale is None else float(softmax_scale)
         self.layer_number = layer_number
@@ -179,9 +180,8 @@ class DotProductAttention(torch.nn.Module):
                 fast_zero_fill: bool = True, inference_params=None) -> torch.Tensor:
         qkv_format = masks.check_qkv_format(_OP, qkv_format or self.qkv_format)
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(_OP, attn_mask_type)
-        window = self.window_size if window_size is None else masks.canonical_window(_OP, window_size, mask_type)
-        if window_size is None and masks.is_causal(mask_type):
-            window = (window[0], 0)
+        window = masks.canonical_window(_OP, self.window_size if window_size is None else window_size,
+                                        mask_type)
         if alibi_slopes is not None or core_attention_bias_type not in _BIAS_TYPES:
             raise NotImplementedError(f"{_OP}: core_attention_bias_type {core_attention_bias_type!r} / "
                                       f"alibi_slopes: only {', '.join(_BIAS_TYPES)} are implemented")
