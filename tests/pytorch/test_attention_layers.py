@@ -358,3 +358,28 @@ def test_drop_path_and_hidden_dropout_are_training_only():
     layer.train()
     c = layer(x)
     assert not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+def test_thd_layer_equals_padded_bshd(device, dtype):
+    """Packed sequences (thd + cu_seqlens, RoPE per sequence) give the same tokens as the padded
+    bshd batch with a padding_causal mask."""
+    torch.manual_seed(0)
+    lengths = [5, 9, 3]
+    kw = dict(hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm", activation="swiglu",
+              bias=False, num_gqa_groups=2, params_dtype=dtype, device=device)
+    packed = te.TransformerLayer(HIDDEN, FFN, HEADS, attn_input_format="thd",
+                                 self_attn_mask_type="padding_causal", **kw)
+    padded = te.TransformerLayer(HIDDEN, FFN, HEADS, attn_input_format="bshd",
+                                 self_attn_mask_type="padding_causal", **kw)
+    _randomise(packed, 4, False)
+    padded.load_state_dict(packed.state_dict())
+    smax = max(lengths)
+    x = randn((len(lengths), smax, HIDDEN), dtype, device, 9)
+    valid = torch.arange(smax, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+    cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32, device=device)
+    rope = te.RotaryPositionEmbedding(HIDDEN // HEADS).to(device)(smax)
+    out_thd = packed(x[valid], cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=smax,
+                     max_seqlen_kv=smax, rotary_pos_emb=rope)
+    out_pad = padded(x, attention_mask=(~valid).view(len(lengths), 1, 1, smax), rotary_pos_emb=rope)
+    close(out_thd, out_pad[valid], dtype, 4 if dtype == torch.float32 else 8)
