@@ -49,7 +49,7 @@ def allow_nondeterministic_algo() -> bool:
 
 def debug_level() -> int:
     """Backend-selection logging: 0 when NVTE_DEBUG is unset/0, else NVTE_DEBUG_LEVEL (default 1;
-    1 = the chosen backend, 2 = also every rejection with its reason)."""
+    1 = the chosen backend and every rejection with its reason, 2 = also the configuration)."""
     if not _flag("NVTE_DEBUG", False):
         return 0
     raw = os.environ.get("NVTE_DEBUG_LEVEL", "").strip()
