@@ -38,6 +38,11 @@ class DotProductAttention(torch.nn.Module):
     softmax_scale defaults to 1/sqrt(head_dim_qk). The output is q's layout with the heads
     flattened: [s, b, h*d_v], [b, s, h*d_v] or [t, h*d_v].
 
+    Padding types take the lengths from cu_seqlens_q/cu_seqlens_kv or from attention_mask, a bool
+    [b, 1, 1, s] tensor (or a (query, key) pair of them) with True at padded positions; sequences
+    are right-padded (valid tokens first), as in NVIDIA TE. Outputs at padded query positions are
+    zero. 'arbitrary' takes attention_mask [b|1, h|1, sq, sk] (True = masked out).
+
     Backend: chosen per call by backend_selection.get_attention_backend (NVTE_FUSED_ATTN,
     NVTE_FLASH_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0.
