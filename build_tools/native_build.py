@@ -49,6 +49,21 @@ def cublas_search_dirs() -> list:
     return dirs
 
 
+def cudnn_search_dirs() -> list:
+    """cudnn.h from the nvidia-cudnn-cu13 wheel (nvidia/cudnn) and the nvidia-cudnn-frontend
+    headers (installed as <site-packages>/include); both optional (attention's cuDNN backend)."""
+    dirs = []
+    roots = [p for p in sys.path if p and os.path.isdir(p)]
+    roots += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    for root in dict.fromkeys(roots):
+        for sub in ("nvidia/cudnn", "nvidia/cu13", ""):
+            cand = os.path.join(root, sub) if sub else root
+            if os.path.isfile(os.path.join(cand, "include", "cudnn.h")) or \
+                    os.path.isfile(os.path.join(cand, "include", "cudnn_frontend.h")):
+                dirs.append(cand)
+    return dirs
+
+
 def _pybind11_cmake_dir() -> str:
     try:
         import pybind11
@@ -100,7 +115,8 @@ def configure_args(plan: BuildPlan, build_dir: str) -> list:
     if plan.backend == "cuda":
         args += [f"-DNVTE_CUDA_ARCHS={plan.archs}",
                  f"-DCMAKE_CUDA_COMPILER={plan.compiler}",
-                 f"-DNVTE_CUBLAS_DIRS={';'.join(cublas_search_dirs())}"]
+                 f"-DNVTE_CUBLAS_DIRS={';'.join(cublas_search_dirs())}",
+                 f"-DNVTE_CUDNN_DIRS={';'.join(cudnn_search_dirs())}"]
         if shutil.which("ccache"):
             args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
     elif plan.backend == "rocm":

@@ -47,4 +47,5 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_gemm_library(m);
   te_py::register_activation(m);
   te_py::register_rope(m);
+  te_py::register_attention(m);
 }
