@@ -111,13 +111,13 @@ def module_axes(module: str, device: str) -> tuple:
     full = device == "cuda"
     core = {
         "Linear": ("dtype", "recipe", "shape", "bias", "skip", "microbatch") if full
-        else ("dtype", "recipe", "shape"),
-        "LayerNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape"),
-        "RMSNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape"),
+        else ("dtype", "recipe", "shape", "bias"),
+        "LayerNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
+        "RMSNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
         "LayerNormLinear": ("dtype", "recipe", "shape", "normalization", "bias", "zero_centered_gamma")
-        if full else ("dtype", "recipe", "shape"),
+        if full else ("dtype", "recipe", "shape", "normalization"),
         "LayerNormMLP": ("dtype", "recipe", "shape", "activation", "normalization") if full
-        else ("recipe", "activation"),
+        else ("dtype", "recipe", "activation"),
     }[module]
     return axes, core
 

@@ -6,7 +6,7 @@ of the maths the module claims to compute. Compared are the output and ALL gradi
 parameter incl. the norm's weight and bias).
 
 Tolerances (tests/tolerances.py): high precision elementwise, rtol of the dtype and an atol of a
-few of its ulps at the tensor's largest magnitude (sums of many terms round relative to their
+couple of its ulps at the tensor's largest magnitude (sums of many terms round relative to their
 largest terms, not to a cancelled result); FP8 by the relative norm of the error, below the rtol of
 the format the tensor went through (E4M3 forward, E5M2 gradients under HYBRID).
 
@@ -59,25 +59,37 @@ def _norm(kind, x, p, prefix, zero_centered_gamma):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * gamma
 
 
-def reference_forward(module, case, x, p):
-    """The module's maths in plain torch; p: parameter name -> tensor (NVIDIA TE's names)."""
+def reference_forward(module, case, x, p, stored=lambda t: t):
+    """The module's maths in plain torch; p: parameter name -> tensor (NVIDIA TE's names).
+
+    `stored` is applied where any implementation keeps an intermediate in the activation dtype
+    (norm output, FC1 output, activation output), forward and, through autograd, backward. Without
+    it, a value of FC1's output within rounding of 0 could take the other side of relu's kink in
+    the reference than in the module, and the gradient comparison would measure that, not a fault.
+    """
     zcg = case.get("zero_centered_gamma", False)
     if module == "Linear":
         return F.linear(x, p["weight"], p.get("bias"))
     if module in ("LayerNorm", "RMSNorm"):
         return _norm(module, x, p, "", zcg)
-    ln = _norm(case.get("normalization", "LayerNorm"), x, p, "layer_norm_", zcg)
+    ln = stored(_norm(case.get("normalization", "LayerNorm"), x, p, "layer_norm_", zcg))
     if module == "LayerNormLinear":
         return F.linear(ln, p["weight"], p.get("bias"))
-    h = _act(case.get("activation", "gelu"), F.linear(ln, p["fc1_weight"], p.get("fc1_bias")))
+    h = stored(_act(case.get("activation", "gelu"), stored(F.linear(ln, p["fc1_weight"], p.get("fc1_bias")))))
     return F.linear(h, p["fc2_weight"], p.get("fc2_bias"))
 
 
-def reference_grads(module, case, m, x, dy):
-    """(output, {name: grad}) of the reference in float64 from the module's parameters."""
+def reference_grads(module, case, m, x, dy, fp8=False):
+    """(output, {name: grad}) of the reference in float64 from the module's parameters; in high
+    precision the intermediates are rounded to the module's dtype where the module stores them
+    (FP8 cases are judged against the unrounded maths by norm)."""
     p = {n: t.detach().to(torch.float64).requires_grad_() for n, t in _hp_params(m).items()}
     xd = x.detach().to(torch.float64).requires_grad_()
-    out = reference_forward(module, case, xd, p)
+    dtype = x.dtype
+
+    def stored(t):
+        return t if fp8 else t.to(dtype).to(torch.float64)
+    out = reference_forward(module, case, xd, p, stored)
     out.backward(dy.to(torch.float64))
     grads = {n: t.grad for n, t in p.items()}
     grads["input"] = xd.grad
@@ -100,13 +112,13 @@ def _hp_params(m):
 # ---------------------------------------------------------------------------------------------
 
 def assert_close_hp(got, want, dtype, what):
-    """Elementwise: |got - want| <= rtol |want| + atol + 4 rtol max|want| (dtype's rtol/atol)."""
+    """Elementwise: |got - want| <= rtol |want| + atol + 2 rtol max|want| (dtype's rtol/atol)."""
     t = tols(dtype)
     want = want.to(torch.float64).cpu()
     got = got.detach().to(torch.float64).cpu()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     peak = want.abs().max().item() if want.numel() else 0.0
-    torch.testing.assert_close(got, want, rtol=t["rtol"], atol=t["atol"] + 4 * t["rtol"] * peak,
+    torch.testing.assert_close(got, want, rtol=t["rtol"], atol=t["atol"] + 2 * t["rtol"] * peak,
                                msg=lambda m: f"{what} ({dtype}): {m}")
 
 
@@ -145,7 +157,8 @@ def _numerics_cases(device):
             axes["normalization"] = NORMALIZATIONS
         if module == "LayerNormMLP":
             axes["activation"] = ACTIVATIONS
-        core = {"LayerNormMLP": ("dtype", "recipe", "activation", "normalization") if full else ("recipe", "activation"),
+        core = {"LayerNormMLP": ("dtype", "recipe", "activation", "normalization") if full
+                else ("recipe", "activation", "normalization"),
                 "LayerNormLinear": ("dtype", "recipe", "normalization", "zero_centered_gamma") if full
                 else ("dtype", "recipe")}.get(module, ("dtype", "recipe", "shape") if full else ("dtype", "recipe"))
         for case in spread_cases(axes, core, f"numerics-{module}-{device}"):
@@ -206,7 +219,7 @@ def test_module_matches_reference(device, module, case):
     dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=12)
     # delayed scaling starts from scale 1: let the amax history fill before judging it
     out = _run(m, module, x, dy, case["recipe"], steps=3 if case["recipe"] == "delayed" else 1)
-    want, want_grads = reference_grads(module, case, m, x, dy)
+    want, want_grads = reference_grads(module, case, m, x, dy, fp8=case["recipe"] != "none")
     grads = _module_grads(m, x)
     if case["recipe"] == "none":
         assert_close_hp(out, want, dtype, f"{module} output")
