@@ -285,3 +285,53 @@ def _body_parallel_linear(rank, world, group):
 @pytest.mark.skipif(not _has_tp_linear(), reason="te.Linear has no tp_group/parallel_mode/sequence_parallel yet")
 def test_column_row_parallel_linear_matches_unsplit_two_ranks_gloo():
     _spawn(_body_parallel_linear)
+
+
+def _body_parallel_layernorm_mlp(rank, world, group):
+    """LayerNormMLP with set_parallel_mode (FC1 column-, FC2 row-parallel) against the unsplit
+    module with the same weights, with and without sequence parallelism."""
+    torch.manual_seed(0)
+    hidden, ffn, tokens = 32, 64, 8
+    dtype = torch.float32
+    ref = te.LayerNormMLP(hidden, ffn, activation="swiglu", params_dtype=dtype, device="cpu")
+    with torch.no_grad():
+        for i, p in enumerate(ref.parameters()):
+            p.copy_(randn(p.shape, dtype, "cpu", seed=200 + i, scale=0.3) + (1 if p.dim() == 1 and i == 0 else 0))
+    x = randn((tokens, hidden), dtype, "cpu", seed=5)
+    dy = randn((tokens, hidden), dtype, "cpu", seed=6)
+    xr = x.clone().requires_grad_()
+    want = ref(xr)
+    want.backward(dy)
+    full = dict(ref.named_parameters())
+
+    def shard(name, t):
+        if name == "fc1_weight" or name == "fc1_bias":  # gated: both halves split the same way
+            halves = t.chunk(2, 0)
+            return torch.cat([h.chunk(world, 0)[rank] for h in halves])
+        if name == "fc2_weight":
+            return t.chunk(world, 1)[rank]
+        return t
+
+    for seq_par in (False, True):
+        m = te.LayerNormMLP(hidden, ffn, activation="swiglu", params_dtype=dtype, device="cpu", tp_group=group,
+                            tp_size=world, set_parallel_mode=True, sequence_parallel=seq_par)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                assert p.shape == shard(n, full[n]).shape, f"{n}: {tuple(p.shape)}"
+                p.copy_(shard(n, full[n]))
+        xin = (x.chunk(world, 0)[rank] if seq_par else x).clone().requires_grad_()
+        out = m(xin)
+        t = tols(dtype)
+        torch.testing.assert_close(out, want.detach().chunk(world, 0)[rank] if seq_par else want.detach(), **t)
+        out.backward(dy.chunk(world, 0)[rank] if seq_par else dy)
+        torch.testing.assert_close(xin.grad, xr.grad.chunk(world, 0)[rank] if seq_par else xr.grad, **t)
+        for n, p in m.named_parameters():
+            g = p.grad.clone()
+            if seq_par and n in ("layer_norm_weight", "layer_norm_bias", "fc2_bias"):
+                dist.all_reduce(g, group=group)  # replicated, saw a slice of the tokens: caller sums
+            torch.testing.assert_close(g, shard(n, full[n].grad), **t, msg=lambda s: f"{n} (sp={seq_par}): {s}")
+
+
+@pytest.mark.skipif(not _has_tp_linear(), reason="te modules have no tensor-parallel arguments yet")
+def test_tensor_parallel_layernorm_mlp_matches_unsplit_two_ranks_gloo():
+    _spawn(_body_parallel_layernorm_mlp)
