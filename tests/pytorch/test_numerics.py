@@ -305,6 +305,43 @@ def test_checkpoint_with_dropout_through_rng_tracker(device):
 
 
 # ---------------------------------------------------------------------------------------------
+# is_first_microbatch: the FP8 weight is cast once per step and reused
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("recipe_name", ["delayed", "current"])
+def test_first_microbatch_caches_fp8_weight(device, module, recipe_name):
+    """After is_first_microbatch=True, calls with False reuse the cached FP8 weight even if the
+    high-precision weight changed (the contract that lets gradient accumulation skip the cast);
+    True or None cast afresh."""
+    shape = SHAPES["small"]
+    dtype = torch.bfloat16
+    torch.manual_seed(12)
+    m = make_module(module, shape, dtype, device)
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=28)
+
+    def call(first):
+        with torch.no_grad(), autocast(recipe_name):
+            return m(x, is_first_microbatch=first).float()
+    y_first = call(True)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n in ("weight", "fc1_weight", "fc2_weight"):
+                p.copy_(p.roll(1, 0))  # other weights, same amax: delayed scales stay valid
+    y_cached = call(False)
+    y_recast = call(True)
+    y_fresh = call(None)
+    changed = (y_recast - y_first).norm()
+    assert changed > 0.2 * y_first.norm(), "changing the weights hardly changed the output"
+    if recipe_name == "current":
+        assert torch.equal(y_cached, y_first), "is_first_microbatch=False did not reuse the FP8 weight"
+    else:  # the input's delayed scale may move between calls; the weight's did not
+        assert (y_cached - y_first).norm() < 0.1 * changed, "is_first_microbatch=False did not reuse the FP8 weight"
+    assert_close_fp8(y_fresh, y_recast, "float8_e4m3", f"{module} fresh cast vs is_first_microbatch=True")
+
+
+# ---------------------------------------------------------------------------------------------
 # fuse_wgrad_accumulation: main_grad += wgrad
 # ---------------------------------------------------------------------------------------------
 

@@ -150,3 +150,88 @@ def test_bad_arguments_raise_clearly(device):
     lin = te.Linear(64, 96, device=device)
     with pytest.raises((ValueError, RuntimeError), match="64"):
         lin(randn((4, 63), torch.float32, device))
+
+
+# ---------------------------------------------------------------------------------------------
+# Constructor and forward arguments of the reference API
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe_name", ["none", "current"])
+def test_linear_weight_passed_to_forward(device, recipe_name):
+    """skip_weight_param_allocation: no parameters; weight and bias come with each call."""
+    lin = te.Linear(64, 48, skip_weight_param_allocation=True, params_dtype=torch.float32, device=device)
+    assert not list(lin.parameters())
+    w = randn((48, 64), torch.float32, device, seed=1, scale=0.1).requires_grad_()
+    b = randn((48,), torch.float32, device, seed=2).requires_grad_()
+    x = randn((32, 64), torch.float32, device, seed=3)
+    with autocast(recipe_name):
+        out = lin(x, weight=w, bias=b)
+    want = torch.nn.functional.linear(x, w, b)
+    if recipe_name == "none":
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert ((out - want).norm() / want.norm()).item() < tols("float8_e4m3")["rtol"]
+    out.sum().backward()
+    assert w.grad is not None and b.grad is not None
+    with pytest.raises(ValueError, match="weight"):
+        lin(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("split", [("query", "key", "value"), {"q": 32, "kv": 16}], ids=["tuple", "dict"])
+def test_linear_parameters_split(device, split):
+    lin = te.Linear(64, 48, parameters_split=split, params_dtype=torch.float32, device=device)
+    names = list(split)
+    sizes = list(split.values()) if isinstance(split, dict) else [48 // len(split)] * len(split)
+    params = dict(lin.named_parameters())
+    for n, rows in zip(names, sizes):
+        assert tuple(params[f"{n}_weight"].shape) == (rows, 64)
+        assert tuple(params[f"{n}_bias"].shape) == (rows,)
+    x = randn((8, 64), torch.float32, device, seed=4)
+    w = torch.cat([params[f"{n}_weight"] for n in names])
+    b = torch.cat([params[f"{n}_bias"] for n in names])
+    torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    lin(x).square().sum().backward()
+    assert all(params[f"{n}_weight"].grad is not None for n in names)
+    with pytest.raises(ValueError, match="parameters_split"):
+        te.Linear(64, 48, parameters_split={"q": 32, "kv": 8}, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+def test_meta_device_deferred_init(device, module):
+    shape = SHAPES["small"]
+    m = make_module(module, shape, torch.float32, "meta")
+    assert all(p.device.type == "meta" for p in m.parameters())
+    m = m.to_empty(device=device)
+    m.reset_parameters()
+    for n, p in m.named_parameters():
+        assert p.device.type == device and torch.isfinite(p).all(), n
+        if n.endswith("weight") and not n.startswith("layer_norm"):
+            assert p.std() > 0, f"{n} was not initialised"
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.float32, device, seed=6)
+    assert torch.isfinite(m(x)).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_init_methods_are_used(device):
+    lin = te.Linear(32, 16, init_method=lambda w: torch.nn.init.constant_(w, 0.25), device=device)
+    assert torch.all(lin.weight == 0.25)
+    mlp = te.LayerNormMLP(32, 16, init_method=lambda w: torch.nn.init.constant_(w, 0.5),
+                          output_layer_init_method=lambda w: torch.nn.init.constant_(w, -0.5), device=device)
+    assert torch.all(mlp.fc1_weight == 0.5) and torch.all(mlp.fc2_weight == -0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layernorm_mlp_return_bias(device):
+    shape = SHAPES["small"]
+    m = te.LayerNormMLP(shape.hidden, shape.ffn, return_bias=True, params_dtype=torch.float32, device=device)
+    with torch.no_grad():
+        m.fc2_bias.copy_(randn(m.fc2_bias.shape, torch.float32, device, seed=8))
+    plain = te.LayerNormMLP(shape.hidden, shape.ffn, params_dtype=torch.float32, device=device)
+    plain.load_state_dict(m.state_dict())
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.float32, device, seed=9)
+    out, bias = m(x)
+    torch.testing.assert_close(bias, m.fc2_bias)
+    torch.testing.assert_close(out + bias, plain(x), **tols(torch.float32))
