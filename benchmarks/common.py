@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 
 import torch
@@ -14,7 +15,14 @@ def parse_args(description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--filter", default=None,
+                    help="regular expression: run only the cases whose label matches")
     return ap.parse_args()
+
+
+def selected(label: str, pattern: str | None) -> bool:
+    """Whether a case labelled `label` runs under --filter `pattern` (all of them without one)."""
+    return pattern is None or re.search(pattern, label) is not None
 
 
 def time_ms(fn, warmup: int = 5, reps: int = 30, graph: bool = True, calls: int = 10) -> float:

@@ -1,7 +1,8 @@
 // hipBLASLt behind the GEMM vendor interface (NVTE_USE_HIPBLASLT=1, the usual ROCm default).
 //
 // Same structure as csrc/cuda/gemm_cublaslt.cpp: descriptors and the heuristic's algorithm are
-// cached per thread, device and problem, a repeated call only sets the data pointers and
+// cached per thread, device and problem (LRU-bounded, plan_cache.h; the heuristic's first
+// answer is used, no timing of candidates), a repeated call only sets the data pointers and
 // launches, nothing synchronises or allocates. Differences from cuBLASLt:
 //  - FP8 encodings follow the device: FNUZ (HIP_R_8F_E4M3_FNUZ / E5M2_FNUZ) on gfx940-942
 //    (MI300), OCP (HIP_R_8F_E4M3 / E5M2) on gfx950 and later; gfx90a has no FP8. The arch is
@@ -15,9 +16,9 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
+#include "gemm/plan_cache.h"
 #include "hip_gemm_backends.h"
 #include "util/error.h"
 
@@ -220,10 +221,9 @@ bool build_plan(Plan& p, const GemmArgs& g, const DeviceState& dev, bool fused) 
 }
 
 const Plan& plan_for(const GemmArgs& g, int device, const DeviceState& dev) {
-  thread_local std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> cache;
+  thread_local PlanCache<Plan> cache;
   const PlanKey key = plan_key(g, device);
-  auto it = cache.find(key);
-  if (it != cache.end()) return *it->second;
+  if (const Plan* cached = cache.find(key)) return *cached;
 
   auto plan = std::make_unique<Plan>();
   bool ok = build_plan(*plan, g, dev, /*fused=*/true);
@@ -236,7 +236,7 @@ const Plan& plan_for(const GemmArgs& g, int device, const DeviceState& dev) {
   if (!ok)
     TE_UNSUPPORTED("hipBLASLt has no algorithm for ", describe_problem(g), " with ",
                    g.workspace_size, " bytes of workspace on ", dev.arch);
-  return *cache.emplace(key, std::move(plan)).first->second;
+  return cache.insert(key, std::move(plan));
 }
 
 }  // namespace

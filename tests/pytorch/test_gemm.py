@@ -388,3 +388,39 @@ def test_gemm_cuda_graph_capture(fp8):
     torch.cuda.synchronize()
     assert torch.equal(captured.out, eager.out)
     assert torch.equal(captured.gelu_input, eager.gelu_input)
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemm_first_call_under_capture(fp8):
+    """A plan first met inside graph capture is not tuned there (tuning times candidates and
+    waits on events, which capture forbids): the capture succeeds and replays to the product.
+    The next uncaptured call tunes the plan and may pick another algorithm, so the two results
+    agree to the output's rounding, not bit for bit. The shape is used by no other test, so the
+    plan is new."""
+    m, n, k = 272, 144, 208
+    if fp8:
+        A, A_si, B, B_si = fp8_case("cuda", "TN", m, n, k, ("e4m3", "e4m3"), seed=6)
+    else:
+        A, B = operands("TN", m, n, k, torch.bfloat16, "cuda", 6)
+        A_si = B_si = None
+
+    def call():
+        return ops.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
+                                B_scale_inv=B_si).out
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        gemm_mod.gemm_workspace(A.device)  # made outside capture, as in use
+        with torch.cuda.graph(graph):
+            captured = call()
+    torch.cuda.current_stream().wait_stream(stream)
+    captured.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = call()  # tunes the plan, then runs the chosen algorithm
+    t = tols(torch.bfloat16)
+    torch.testing.assert_close(captured.float(), eager.float(), rtol=2 * t["rtol"],
+                               atol=2 * t["rtol"] * float(eager.float().abs().max()))
+    assert torch.equal(call(), eager)  # tuned once: later calls repeat the same algorithm
