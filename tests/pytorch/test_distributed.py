@@ -335,3 +335,30 @@ def _body_parallel_layernorm_mlp(rank, world, group):
 @pytest.mark.skipif(not _has_tp_linear(), reason="te modules have no tensor-parallel arguments yet")
 def test_tensor_parallel_layernorm_mlp_matches_unsplit_two_ranks_gloo():
     _spawn(_body_parallel_layernorm_mlp)
+
+
+def _body_amax_reduction(rank, world, group):
+    """DelayedScaling with fp8_group: after a step on inputs of different magnitude per rank, the
+    scales agree across ranks (same output for the same input); without the group they do not."""
+    from transformer_engine.common import recipe
+    outs = {}
+    for reduce in (True, False):
+        torch.manual_seed(0)  # same weights on both ranks
+        m = te.Linear(32, 32, params_dtype=torch.float32, device="cpu")
+        r = recipe.DelayedScaling()
+        x_rank = randn((16, 32), torch.float32, "cpu", seed=rank) * (1 + 2.3 * rank)
+        with te.fp8_autocast(enabled=True, fp8_recipe=r, fp8_group=group if reduce else None):
+            y = m(x_rank)
+        y.sum().backward()
+        x_same = randn((16, 32), torch.float32, "cpu", seed=99)
+        with torch.no_grad(), te.fp8_autocast(enabled=True, fp8_recipe=r, fp8_group=group if reduce else None):
+            out = m(x_same)
+        gathered = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(gathered, out, group=group)
+        outs[reduce] = gathered
+    assert torch.equal(outs[True][0], outs[True][1]), "amax not reduced over fp8_group"
+    assert not torch.equal(outs[False][0], outs[False][1]), "ranks agree without reduction: test is vacuous"
+
+
+def test_delayed_scaling_amax_reduced_over_group_two_ranks_gloo():
+    _spawn(_body_amax_reduction)
