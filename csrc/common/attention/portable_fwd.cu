@@ -55,25 +55,6 @@ KernelArgs make_kernel_args(const AttnArgs& a) {
   return k;
 }
 
-void portable_check(const NVTEAttnParams& p) {
-  if (p.head_dim_qk != p.head_dim_v)
-    TE_UNSUPPORTED("head dims ", p.head_dim_qk, " (qk) and ", p.head_dim_v,
-                   " (v) differ; the portable kernel needs them equal");
-  if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
-    TE_UNSUPPORTED("head dim ", p.head_dim_qk, " is not compiled in the portable kernel (64, 128)");
-  const int64_t kIntMax = 2147483647;
-  if (p.max_seqlen_q > kIntMax / 2 || p.max_seqlen_kv > kIntMax / 2 || p.num_heads_q > 65535 ||
-      p.batch > 65535)
-    TE_UNSUPPORTED("sizes beyond the portable kernel's grid (seqlen < 2^30, heads and batch "
-                   "<= 65535)");
-}
-
-size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
-  if (!is_backward) return 0;
-  const size_t rows = size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.max_seqlen_q);
-  return ((rows * sizeof(float) + 255) / 256) * 256;
-}
-
 namespace {
 
 template <typename T, int D, int BQ, int BK, int NT>
@@ -187,6 +168,25 @@ void forward_for_type(const AttnArgs& args) {
 
 }  // namespace
 }  // namespace portable
+
+void portable_check(const NVTEAttnParams& p) {
+  if (p.head_dim_qk != p.head_dim_v)
+    TE_UNSUPPORTED("head dims ", p.head_dim_qk, " (qk) and ", p.head_dim_v,
+                   " (v) differ; the portable kernel needs them equal");
+  if (p.head_dim_qk != 64 && p.head_dim_qk != 128)
+    TE_UNSUPPORTED("head dim ", p.head_dim_qk, " is not compiled in the portable kernel (64, 128)");
+  const int64_t kIntMax = 2147483647;
+  if (p.max_seqlen_q > kIntMax / 2 || p.max_seqlen_kv > kIntMax / 2 || p.num_heads_q > 65535 ||
+      p.batch > 65535)
+    TE_UNSUPPORTED("sizes beyond the portable kernel's grid (seqlen < 2^30, heads and batch "
+                   "<= 65535)");
+}
+
+size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
+  if (!is_backward) return 0;
+  const size_t rows = size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.max_seqlen_q);
+  return ((rows * sizeof(float) + 255) / 256) * 256;
+}
 
 void portable_forward(const AttnArgs& args) {
   if (args.p.dtype == kNVTEFloat16) portable::forward_for_type<fp16>(args);

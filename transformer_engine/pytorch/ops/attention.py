@@ -352,6 +352,9 @@ class _Call:
             raise ValueError(f"{op}: k {tuple(k.shape)} / v {tuple(v.shape)} do not match q "
                              f"{tuple(q.shape)} in {qkv_format!r} (same batch, k and v the same "
                              "tokens and heads, k's head dim equal to q's)")
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(f"{op}: q has {hq} heads and k/v {hkv}; num_heads_q must be a "
+                             "multiple of num_heads_kv (GQA/MQA)")
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
             raise ValueError(f"{op}: softmax_scale is {softmax_scale!r}; expected a finite float")
         needs_lengths = qkv_format == "thd" or is_padding(mask_type)
