@@ -228,6 +228,13 @@ class RecipeState:
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
         self.step_id = None
+        # (history, scale, scale_inv, fp8_max) as raw pointers, for the native fast path and
+        # the batched update (the tensors never move: a device change builds a new state)
+        self.ptrs_fwd = (self.amax_history_fwd.data_ptr(), self.scale_fwd.data_ptr(),
+                         self.scale_inv_fwd.data_ptr(), self.fwd_max)
+        self.ptrs_bwd = (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
+                         self.scale_inv_bwd.data_ptr(), self.bwd_max)
+        self.native = device.type == "cuda" and native.native_for_torch() is not None
 
     def _make_views(self):
         self.fwd_scale = [self.scale_fwd[i:i + 1] for i in range(self.scale_fwd.numel())]
@@ -243,6 +250,7 @@ class RecipeState:
         compute_amax(x, amax)
         scale.copy_(scale_from_amax(amax, self.max_fwd_t if forward else self.max_bwd_t,
                                     self.recipe.use_power_2_scales))
+        amax.zero_()  # the native fast path accumulates into this value: leave it cleared
         return scale
 
     # -- checkpoint I/O
@@ -333,5 +341,17 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
         return
     if recipe.reduce_amax:
         _reduce_amax([g[0] for g in groups], group)
+    algo = recipe.amax_compute_algo
+    if all(s.native for s in states) and algo in _ALGO_CODE and len({s.device for s in states}) == 1:
+        # the common case: one launch through the binding, descriptors from cached pointers
+        desc = [(h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
+                for h, sc, si, m in groups]
+        native.native_for_torch().delayed_scaling_update(
+            desc, _ALGO_CODE[algo], float(recipe.margin),
+            torch.cuda.current_stream(states[0].device).cuda_stream)
+        return
     from .ops import delayed_scaling_update
-    delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))
+    delayed_scaling_update(groups, algo, float(recipe.margin))
+
+
+_ALGO_CODE = {"max": 0, "most_recent": 1}

@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from .. import ops
-from ..quantization import FP8GlobalState, RecipeState
+from ..library import dispatch as K
+from ..quantization import FP8GlobalState, RecipeState, scale_from_amax
 
 
 def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
@@ -23,8 +23,14 @@ def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash
     if rs.delayed:
         scale = (rs.fwd_scale if forward else rs.bwd_scale)[slot]
         amax = (rs.fwd_amax if forward else rs.bwd_amax)[slot]
+    elif torch.compiler.is_compiling():
+        # traced: the scale as a value of the graph, not written into the module's state
+        amax = x.abs().amax().float().reshape(1)
+        fp8_max = rs.fwd_max if forward else rs.bwd_max
+        scale = scale_from_amax(amax, torch.full_like(amax, fp8_max), rs.recipe.use_power_2_scales)
+        amax = None
     else:
-        scale, amax = rs.current_scale(x, forward, slot, ops.compute_amax), None
+        scale, amax = rs.current_scale(x, forward, slot, K.compute_amax), None
     return scale, amax
 
 
@@ -40,13 +46,13 @@ def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
     if need_transpose:
-        return ops.cast_transpose(x, scale, dtype, amax)
-    data, scale_inv = ops.quantize(x, scale, dtype, amax)
+        return K.cast_transpose(x, scale, dtype, amax)
+    data, scale_inv = K.quantize(x, scale, dtype, amax)
     return data, None, scale_inv
 
 
 def transposed(data: torch.Tensor) -> torch.Tensor:
-    return ops.transpose(data)
+    return K.transpose(data)
 
 
 def check_fp8_dims(who: str, tokens: int, *dims: int) -> None:
@@ -80,7 +86,7 @@ def record_list(module, phase: int):
 
 def record_amax(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int) -> None:
     """Calibration: amax only, into the history row that the next update reads."""
-    ops.compute_amax(x, (rs.fwd_amax if forward else rs.bwd_amax)[slot])
+    K.compute_amax(x, (rs.fwd_amax if forward else rs.bwd_amax)[slot])
 
 
 __all__ = ["cast", "transposed", "check_fp8_dims", "replay_list", "record_list", "record_amax",

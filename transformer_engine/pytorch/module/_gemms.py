@@ -9,16 +9,15 @@ weight's fp32 `main_grad` (beta = 1) and the weight gets no .grad.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from .. import ops
+from ..library import dispatch as K
 from ..tensor import Float8Tensor
+from . import _fast
 from ._casts import cast, transposed
 
 
-def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch):
+def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
     """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the per-step
     cache (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
     if isinstance(weight, Float8Tensor):
@@ -30,8 +29,11 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
             data_t = transposed(data)
             cache[slot] = (data, data_t, scale_inv)
         return data, data_t, scale_inv
-    data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
-                                   fi.replay, fi.record)
+    if nc is not None:
+        data, data_t, scale_inv = _fast.cast(nc, fi.rs, weight.contiguous(), True, slot, need_transpose)
+    else:
+        data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
+                                       fi.replay, fi.record)
     if is_first_microbatch is not None and module is not None:
         if module._fp8_weight_cache is None:
             module._fp8_weight_cache = {}
@@ -40,12 +42,12 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
 
 
 def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False):
-    return ops.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
+    return K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
                             bias=bias, gelu=gelu)
 
 
 def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype):
-    return ops.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
+    return K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
                             B_scale_inv=dy_sinv).out
 
 
@@ -62,7 +64,7 @@ def wgrad_out(weight, fuse_wgrad_accumulation: bool):
 
 def wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, out_dtype, weight, fuse):
     out, acc = wgrad_out(weight, fuse)
-    res = ops.general_gemm(xq_t, dyq_t, out.dtype if out is not None else out_dtype, layout="TN",
+    res = K.general_gemm(xq_t, dyq_t, out.dtype if out is not None else out_dtype, layout="TN",
                            A_scale_inv=x_sinv, B_scale_inv=dy_sinv, out=out,
                            accumulate=acc, use_split_accumulator=True).out
     return None if fuse else res
@@ -74,16 +76,16 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
         if fuse:
             return None
         return torch.zeros(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
-    res = ops.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
+    res = K.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
                            out=out, accumulate=acc).out
     return None if fuse else res
 
 
 def dgrad_hp(w, dy2d):
-    return ops.general_gemm(w, dy2d, layout="NN").out
+    return K.general_gemm(w, dy2d, layout="NN").out
 
 
-def bias_grad(dy2d: torch.Tensor, bias: Optional[torch.Tensor]):
-    if bias is None or not bias.requires_grad:
-        return None
-    return dy2d.sum(0, dtype=torch.float32).to(bias.dtype)
+def bias_grad_of(dy2d: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
+    """Column sums of the output gradient (torch accumulates 16-bit sums in fp32)."""
+    db = dy2d.sum(0)
+    return db if db.dtype == bias_dtype else db.to(bias_dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
+from ..library import dispatch as K
 from ._casts import cast, cast_scale, record_scale, transposed
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -23,9 +23,7 @@ def param_for(w, x):
 
 
 def norm_hp(normalization, x2d, gamma, beta, eps, zcg):
-    if normalization == "RMSNorm":
-        return ops.rmsnorm_fwd(x2d, gamma, eps, zcg)
-    return ops.layernorm_fwd(x2d, gamma, beta, eps, zcg)
+    return K.norm_fwd(normalization == "RMSNorm", x2d, gamma, beta, eps, zcg)
 
 
 def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose, keep_hp):
@@ -35,10 +33,7 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
         kw = dict(fp8_dtype=fi.rs.fwd_dtype, scale=scale, amax=amax)
-        if normalization == "RMSNorm":
-            res = ops.rmsnorm_fwd(x2d, gamma, eps, zcg, **kw)
-        else:
-            res = ops.layernorm_fwd(x2d, gamma, beta, eps, zcg, **kw)
+        res = K.norm_fwd(normalization == "RMSNorm", x2d, gamma, beta, eps, zcg, **kw)
         data_t = transposed(res.out) if need_transpose else None
         return None, res.out, data_t, res.scale_inv, res.mu, res.rsigma
     res = norm_hp(normalization, x2d, gamma, beta, eps, zcg)
@@ -48,7 +43,4 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
 
 def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg):
     """(dx, dgamma, dbeta or None)."""
-    if normalization == "RMSNorm":
-        dx, dgamma = ops.rmsnorm_bwd(dz, x2d, rsigma, gamma, zcg)
-        return dx, dgamma, None
-    return ops.layernorm_bwd(dz, x2d, mu, rsigma, gamma, zcg)
+    return K.norm_bwd(normalization == "RMSNorm", dz, x2d, mu, rsigma, gamma, zcg)

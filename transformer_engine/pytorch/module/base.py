@@ -58,6 +58,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return _NO_FP8
         if s.enabled:
             q.check_fp8_support(device, type(self).__name__)
+            if s.recipe.delayed() and torch.compiler.is_compiling():
+                raise NotImplementedError(
+                    f"{type(self).__name__}: DelayedScaling is not supported under torch.compile "
+                    "(its amax history and scale updates are side effects outside the graph); use "
+                    "recipe.Float8CurrentScaling() or run the module eagerly")
         rs = self._fp8_state
         if rs is None or rs.recipe is not s.recipe or rs.device != device:
             rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)

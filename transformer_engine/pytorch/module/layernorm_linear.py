@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..library import dispatch as K
 from . import _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_fp8, norm_hp, param_for
@@ -43,7 +44,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, ln_out, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            y = _gemms.ops.general_gemm(w, ln_out, layout="TN", bias=bias).out
+            y = K.general_gemm(w, ln_out, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d, mu, rsigma, g, ln_out, None, w, None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module = fp8, fi, dtype, module
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad

@@ -11,7 +11,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import ops
+from ..library import dispatch as K
 from ..ops.activation import ACTIVATIONS, GATED
 from . import _gemms, _parallel
 from ._casts import cast, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
@@ -27,8 +27,8 @@ def _act_fp8(fi, h, activation, slot):
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
-        return ops.activation_forward(h, activation, fi.rs.fwd_dtype, scale, amax)
-    a = ops.activation_forward(h, activation)
+        return K.activation_forward(h, activation, fi.rs.fwd_dtype, scale, amax)
+    a = K.activation_forward(h, activation)
     data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
     return data, scale_inv
 
@@ -53,15 +53,15 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype):
     ln_out, mu, rsigma = res.out, res.mu, res.rsigma
     w1, w2 = hp_weight(w1, dtype), hp_weight(w2, dtype)
     if act == "gelu":
-        r = ops.general_gemm(w1, ln_out, layout="TN", bias=b1, gelu=True)
+        r = K.general_gemm(w1, ln_out, layout="TN", bias=b1, gelu=True)
         a, h = r.out, r.gelu_input
     else:
-        h = ops.general_gemm(w1, ln_out, layout="TN", bias=b1).out
-        a = ops.activation_forward(h, act)
+        h = K.general_gemm(w1, ln_out, layout="TN", bias=b1).out
+        a = K.activation_forward(h, act)
     if fi.calibrating:
         for slot, t in ((0, ln_out), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
-    y = ops.general_gemm(w2, a, layout="TN", bias=b2).out
+    y = K.general_gemm(w2, a, layout="TN", bias=b2).out
     saved = (x2d, mu, rsigma, g, ln_out, None, w1, None, h, a, None, w2, None)
     return y, ln_out, saved
 
@@ -69,9 +69,9 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype):
 def _dact(act, da, h, b1_grad, dtype):
     """(dh, db1) after FC2's dgrad `da` (for everything but GELU, whose epilogue did this)."""
     if act in GATED:
-        dh = ops.activation_backward(da, h, act)
+        dh = K.activation_backward(da, h, act)
         return dh, (dh.sum(0, dtype=torch.float32).to(dtype) if b1_grad else None)
-    dh, db1 = ops.dbias_dactivation(da, h, act)
+    dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 
 
@@ -81,7 +81,7 @@ def _fc2_dgrad_and_dact(ctx, w2_arg, w2_sinv, dyq, dy_sinv, h):
     fp8 = w2_sinv is not None
     if act == "gelu":
         kw = dict(A_scale_inv=w2_sinv, B_scale_inv=dy_sinv) if fp8 else {}
-        r = ops.general_gemm(w2_arg, dyq, dtype, layout="TN" if fp8 else "NN", gelu_input=h,
+        r = K.general_gemm(w2_arg, dyq, dtype, layout="TN" if fp8 else "NN", gelu_input=h,
                              bias_grad=ctx.b1_grad, **kw)
         return r.out, r.bias_grad
     da = (_gemms.dgrad_fp8(w2_arg, w2_sinv, dyq, dy_sinv, dtype) if fp8 else _gemms.dgrad_hp(w2_arg, dyq))

@@ -9,13 +9,14 @@ import torch
 
 from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
-from . import _gemms, _parallel
+from ..library import dispatch as K
+from . import _fast, _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
 
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inp, weight, bias, module, fi, dtype, is_first_microbatch, fuse_wgrad):
+    def forward(ctx, inp, weight, bias, module, fi, dtype, is_first_microbatch, fuse_wgrad, nc):
         out_features, in_features = weight.shape
         x2d = inp.reshape(-1, in_features)
         if x2d.dtype != dtype:
@@ -24,23 +25,36 @@ class _LinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad = inp.requires_grad, weight.requires_grad
         tokens = x2d.shape[0]
         fp8 = fi.fp8 and tokens > 0
+        ctx.has_bias_grad = bias is not None and bias.requires_grad
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        if bias is not None and bias.dtype != dtype:
+            bias = bias.to(dtype)
         if fp8:
             check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
-            xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
-            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
-            y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
+            if nc is not None:
+                xq, xq_t, x_sinv = _fast.cast(nc, fi.rs, x2d, True, 0, need_wgrad)
+            else:
+                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
+            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
+            if nc is not None:
+                y = _fast.gemm(nc, wq, True, xq, False, torch.empty(tokens, out_features, dtype=dtype,
+                               device=x2d.device), w_sinv, x_sinv, bias)
+            else:
+                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
             ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, x2d, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            y = _gemms.ops.general_gemm(w, x2d, layout="TN", bias=bias).out
+            if nc is not None and tokens > 0:
+                y = _fast.gemm(nc, w, True, x2d, False, torch.empty(tokens, out_features, dtype=dtype,
+                               device=x2d.device), bias=bias)
+            else:
+                y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
-        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse = fp8, fi, dtype, fuse_wgrad
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.nc = fp8, fi, dtype, fuse_wgrad, nc is not None
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
-        ctx.has_bias_grad = bias is not None and bias.requires_grad
-        ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.weight = weight if fuse_wgrad else None
         ctx.shapes = (inp.shape, out_features, in_features)
         return y.view(*inp.shape[:-1], out_features)
@@ -52,29 +66,62 @@ class _LinearFn(torch.autograd.Function):
         if dy.dtype != ctx.dtype:
             dy = dy.to(ctx.dtype)
         dy = dy.contiguous()
-        dx = dw = None
         fi = ctx.fi
-        db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias_grad else None
+        nc = _fast.native_call(dy) if ctx.nc and dy.shape[0] > 0 else None
+        db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad else None
         if ctx.fp8:
             xq_t, x_sinv, wq_t, w_sinv = ctx.saved_tensors
-            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, ctx.need_wgrad)
-            if ctx.need_dgrad:
-                dx = _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, ctx.dtype)
-            if ctx.need_wgrad:
-                dw = _gemms.wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse)
+            if nc is not None:
+                dx, dw = _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv)
+            else:
+                dx, dw = _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv)
         else:
             x2d, w = ctx.saved_tensors
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
+            dx = dw = None
             if ctx.need_dgrad:
-                dx = _gemms.dgrad_hp(w, dy)
+                dx = (_fast.gemm(nc, w, False, dy, False, torch.empty(dy.shape[0], in_features,
+                      dtype=ctx.dtype, device=dy.device)) if nc is not None else _gemms.dgrad_hp(w, dy))
             if ctx.need_wgrad:
-                dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
+                if nc is not None and not ctx.fuse:
+                    dw = _fast.gemm(nc, x2d, False, dy, True, torch.empty(out_features, in_features,
+                                    dtype=ctx.dtype, device=dy.device))
+                else:
+                    dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
         if fi.step is not None:
             fi.step.backward_finished()
         if dx is not None:
             dx = dx.view(inp_shape)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
+
+
+def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
+    dx = dw = None
+    dyq, dyq_t, dy_sinv = cast(ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
+    if ctx.need_dgrad:
+        dx = _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, ctx.dtype)
+    if ctx.need_wgrad:
+        dw = _gemms.wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse)
+    return dx, dw
+
+
+def _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv):
+    """The same GEMMs as _fp8_backward, through the direct native calls."""
+    _, out_features, in_features = ctx.shapes
+    dx = dw = None
+    dyq, dyq_t, dy_sinv = _fast.cast(nc, ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
+    if ctx.need_dgrad:
+        dx = _fast.gemm(nc, wq_t, True, dyq, False, torch.empty(dy.shape[0], in_features,
+                        dtype=ctx.dtype, device=dy.device), w_sinv, dy_sinv)
+    if ctx.need_wgrad:
+        if ctx.fuse:
+            out, _ = _gemms.wgrad_out(ctx.weight, True)
+            _fast.gemm(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0, fast_accum=False)
+        else:
+            dw = _fast.gemm(nc, xq_t, True, dyq_t, False, torch.empty(out_features, in_features,
+                            dtype=ctx.dtype, device=dy.device), x_sinv, dy_sinv, fast_accum=False)
+    return dx, dw
 
 
 def _split_names(parameters_split, out_features):
@@ -192,8 +239,9 @@ class Linear(TransformerEngineBaseModule):
         fi = self.fp8_call_info(inp.device)
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
+        nc = _fast.native_call(inp) if _fast.usable(fi) else None
         out = _LinearFn.apply(inp, weight, bias if add_bias_in_gemm else None, self, fi, dtype,
-                              is_first_microbatch, self.fuse_wgrad_accumulation)
+                              is_first_microbatch, self.fuse_wgrad_accumulation, nc)
         if self.parallel_mode == "row":
             out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
             if bias is not None and not add_bias_in_gemm and not self.return_bias:
