@@ -470,7 +470,7 @@ def _gemm_choice(root, pkg_root: str, value: str | None) -> str:
 def existing_outputs(build_dir: str) -> dict:
     cmake_dir = os.path.join(build_dir, "cmake")
     lib = os.path.join(cmake_dir, "libtransformer_engine.so")
-    mods = [f for f in os.listdir(cmake_dir) if f.startswith("_native") and f.endswith(".so")] \
+    mods = [f for f in os.listdir(cmake_dir) if f.startswith("_native.") and f.endswith(".so")] \
         if os.path.isdir(cmake_dir) else []
     if not os.path.isfile(lib) or not mods:
         raise RuntimeError(f"--no-build: no earlier build in {cmake_dir}")

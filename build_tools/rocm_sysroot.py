@@ -113,6 +113,22 @@ def hipify(build_dir: str) -> str:
     return hip_dir
 
 
+def _stage_xla_ffi_headers(build_dir: str) -> dict:
+    """The sysroot has no JAX: copy the host's header-only XLA FFI API into the build tree so
+    the JAX handlers (_native_jax) are compiled there too. {} (no JAX module) without jaxlib."""
+    import shutil
+    from .native_build import xla_ffi_include_dir
+    src = xla_ffi_include_dir()
+    if not src:
+        print("rocm sysroot build: no jaxlib on the host, the JAX FFI handlers are not built",
+              flush=True)
+        return {}
+    dst = os.path.join(build_dir, "xla_ffi_include")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(os.path.join(src, "xla", "ffi", "api"), os.path.join(dst, "xla", "ffi", "api"))
+    return {"NVTE_FRAMEWORK": "jax", "NVTE_XLA_FFI_INCLUDE": dst}
+
+
 def build(sysroot: str, build_dir: str, archs: str = DEFAULT_ARCHS) -> dict:
     """Hipifies on the host, then configures and builds in the sysroot. Returns the outputs."""
     build_dir = os.path.abspath(build_dir)
@@ -124,6 +140,7 @@ def build(sysroot: str, build_dir: str, archs: str = DEFAULT_ARCHS) -> dict:
     env = {k: os.environ[k] for k in PASSTHROUGH if os.environ.get(k)}
     env.update({"NVTE_BACKEND": "rocm", "NVTE_ROCM_ARCH": archs, "NVTE_HIPIFIED_DIR": hip_dir,
                 "NVTE_FRAMEWORK": "none"})
+    env.update(_stage_xla_ffi_headers(build_dir))
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     with Sysroot(sysroot) as root:
         root.bind(ROOT, read_only=True)
@@ -134,7 +151,11 @@ def build(sysroot: str, build_dir: str, archs: str = DEFAULT_ARCHS) -> dict:
                  cwd=ROOT, env=env)
         t_build = time.time() - t1
     lib = os.path.join(cmake_dir, "libtransformer_engine.so")
-    mods = [f for f in os.listdir(cmake_dir) if f.startswith("_native") and f.endswith(".so")]
+    # "_native." only: _native_jax (the JAX handlers) sits next to it
+    mods = [f for f in os.listdir(cmake_dir) if f.startswith("_native.") and f.endswith(".so")]
+    jax_mods = [f for f in os.listdir(cmake_dir) if f.startswith("_native_jax.")]
+    print(f"rocm sysroot build: JAX FFI handlers module: {jax_mods[0] if jax_mods else 'not built'}",
+          flush=True)
     if not os.path.isfile(lib) or not mods:
         raise RuntimeError(f"the sysroot build finished without its outputs in {cmake_dir}")
     print(f"rocm sysroot build: hipify {t_hipify:.1f} s, configure+compile+link {t_build:.1f} s "
