@@ -113,8 +113,10 @@ class MultiheadAttention(torch.nn.Module):
         if self.fuse_qkv_params and self.qkv_weight_interleaved:
             per_group = hq // hkv
             grouped = mixed.view(*mixed.shape[:-1], hkv, per_group + 2, d)
-            q = grouped[..., :per_group, :].reshape(*mixed.shape[:-1], hq, d)
-            k, v = grouped[..., per_group, :], grouped[..., per_group + 1, :]
+            # one split (its backward is one concatenation, not three zero-filled scatters)
+            q, k, v = torch.split(grouped, (per_group, 1, 1), dim=-2)
+            q = q.reshape(*mixed.shape[:-1], hq, d)
+            k, v = k.squeeze(-2), v.squeeze(-2)
         else:
             q, k, v = torch.split(mixed, (hq * d, hkv * d, hkv * d), dim=-1)
             q, k, v = self._split_heads(q, hq), self._split_heads(k, hkv), self._split_heads(v, hkv)
