@@ -39,8 +39,26 @@ def info() -> str:
         lines.append(f"device: {cap.device} ({cap.arch}) -> {cap.backend} backend")
     flavor = cap.fp8_flavor.upper() if cap.fp8_flavor else "none"
     lines.append(f"FP8: flavour {flavor}, FP8 GEMM {'yes' if cap.fp8_gemm else 'no'} ({cap.reason})")
+    lines.append(_attention_line(mod, cap))
     lines.extend(_framework_versions())
     return "\n".join(lines)
+
+
+def _attention_line(mod, cap) -> str:
+    """Fused attention backends as they answer for a typical configuration (bf16, bshd, causal,
+    16 heads, s 1024, d 128) on device 0."""
+    if mod is None or not hasattr(mod, "attention_support"):
+        return "fused attention: none (no native attention kernels in this build)"
+    if cap.backend == "reference":
+        return "fused attention: none (no GPU)"
+    # (batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dim_qk, dim_v, dtype bf16, format bshd,
+    #  mask causal, window left, right, scale, deterministic): see pytorch/ops/attention.py
+    params = (1, 16, 16, 1024, 1024, 128, 128, 2, 0, 2, -1, 0, 0.088, False)
+    parts = []
+    for code, name in ((1, "cudnn"), (2, "portable")):
+        ok, reason = mod.attention_support(code, params, 0)
+        parts.append(f"{name} {'yes' if ok else 'no (' + reason + ')'}")
+    return "fused attention: " + "; ".join(parts)
 
 
 def main(argv=None) -> int:
