@@ -430,38 +430,34 @@ def test_fp8_model_init_matches_high_precision(device, module, recipe_name):
 @pytest.mark.parametrize("module", GEMM_MODULES)
 @pytest.mark.parametrize("recipe_name", ["none", "current"], ids=["bf16", "fp8_current"])
 def test_compiled_matches_eager(device, module, recipe_name):
-    """fullgraph=True fails on any graph break. On CPU the graph runs with aot_eager (tracing and
-    AOT autograd, no code generation: inductor on 2 CI cores would dominate the suite); on the GPU
-    with inductor."""
+    """torch.compile(module, fullgraph=True) called inside fp8_autocast, as users write it;
+    fullgraph=True fails on any graph break. On CPU the graph runs with aot_eager (tracing and AOT
+    autograd, no code generation: inductor on 2 CI cores would dominate the suite); on the GPU with
+    inductor."""
     import torch._dynamo
     torch._dynamo.reset()
     shape = SHAPES["small"]
     dtype = torch.bfloat16
     torch.manual_seed(9)
     eager = make_module(module, shape, dtype, device)
-    compiled_module = copy.deepcopy(eager)
-    backend = "inductor" if device == "cuda" else "aot_eager"
-    r = te_recipe.Float8CurrentScaling() if recipe_name == "current" else None
-
-    def step(m, inp):
-        with te.fp8_autocast(enabled=r is not None, fp8_recipe=r):
-            return m(inp)
-
-    compiled_step = torch.compile(step, fullgraph=True, backend=backend)
+    twin = copy.deepcopy(eager)
+    compiled = torch.compile(twin, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
     out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
     for i in range(2):
         x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=50 + i)
         dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=60 + i)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         eager.zero_grad(set_to_none=True)
-        compiled_module.zero_grad(set_to_none=True)
-        ya = step(eager, xa)
+        twin.zero_grad(set_to_none=True)
+        with autocast(recipe_name):
+            ya = eager(xa)
         ya.backward(dy)
-        yb = compiled_step(compiled_module, xb)
+        with autocast(recipe_name):
+            yb = compiled(xb)
         yb.backward(dy)
         assert_close_hp(yb, ya, dtype, f"compiled {module} output")
         assert_close_hp(xb.grad, xa.grad, dtype, f"compiled {module} input grad")
-        for (n, pa), (_, pb) in zip(eager.named_parameters(), compiled_module.named_parameters()):
+        for (n, pa), (_, pb) in zip(eager.named_parameters(), twin.named_parameters()):
             assert_close_hp(pb.grad, pa.grad, dtype, f"compiled {module} grad of {n}")
 
 
