@@ -521,3 +521,66 @@ def test_load_checkpoint_saved_without_fp8_metadata(device, module):
     with torch.no_grad():
         want = source(x)
     assert_close_fp8(got, want, "float8_e4m3", f"{module} after loading a weights-only checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipes: formats, calibration
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+@pytest.mark.parametrize("fmt", ["E4M3", "HYBRID"])
+@pytest.mark.parametrize("recipe_cls", ["DelayedScaling", "Float8CurrentScaling"])
+def test_fp8_formats_match_reference(device, module, fmt, recipe_cls):
+    """E4M3 everywhere vs HYBRID (E4M3 forward, E5M2 gradients): each within its formats' tolerance."""
+    shape = SHAPES["small"]
+    dtype = torch.bfloat16
+    torch.manual_seed(13)
+    m = make_module(module, shape, dtype, device)
+    _randomise_norm_params(m)
+    r = getattr(te_recipe, recipe_cls)(fp8_format=getattr(te_recipe.Format, fmt))
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=31).requires_grad_()
+    out_features = shape.ffn if module != "LayerNormMLP" else shape.hidden
+    dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=32)
+    for _ in range(3 if recipe_cls == "DelayedScaling" else 1):
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        with te.fp8_autocast(enabled=True, fp8_recipe=r):
+            out = m(x)
+        out.backward(dy)
+    want, want_grads = reference_grads(module, {}, m, x, dy, fp8=True)
+    grads = _module_grads(m, x)
+    assert_close_fp8(out, want, "float8_e4m3", f"{module} {fmt} output")
+    bwd = "float8_e4m3" if fmt == "E4M3" else "float8_e5m2"
+    for n, g in want_grads.items():
+        assert_close_fp8(grads[n], g, bwd, f"{module} {fmt} grad of {n}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+def test_calibration_runs_high_precision_and_sets_scales(device, module):
+    """calibrating=True: outputs are the high-precision ones bit for bit, and the amaxes it records
+    give the first FP8 step of delayed scaling proper scales. GEMM inputs of magnitude 1e-3 make
+    the difference: with the initial scale of 1 they fall in E4M3's subnormals."""
+    shape = SHAPES["small"]
+    dtype = torch.float32
+    torch.manual_seed(14)
+    calibrated = make_module(module, shape, dtype, device)
+    if module != "Linear":  # the norm rescales its input: make its output small instead
+        with torch.no_grad():
+            calibrated.layer_norm_weight.mul_(1e-3)
+    uncalibrated = copy.deepcopy(calibrated)
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=33, scale=1e-3)
+    r = te_recipe.DelayedScaling()
+    with torch.no_grad():
+        plain = calibrated(x)
+        with te.fp8_autocast(enabled=False, calibrating=True, fp8_recipe=r):
+            calib_out = calibrated(x)
+        assert torch.equal(calib_out, plain), "calibration changed the high-precision output"
+        with te.fp8_autocast(enabled=True, fp8_recipe=r):
+            good = calibrated(x)
+            bad = uncalibrated(x)
+    err_good = ((good - plain).norm() / plain.norm()).item()
+    err_bad = ((bad - plain).norm() / plain.norm()).item()
+    assert err_good <= tols("float8_e4m3")["rtol"], f"calibrated first FP8 step: relative error {err_good:.3f}"
+    assert err_bad > 2 * err_good, f"calibration made no difference ({err_bad:.3f} vs {err_good:.3f})"

@@ -235,3 +235,41 @@ def test_layernorm_mlp_return_bias(device):
     out, bias = m(x)
     torch.testing.assert_close(bias, m.fc2_bias)
     torch.testing.assert_close(out + bias, plain(x), **tols(torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", ["Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("recipe_name", ["none", "current"])
+def test_non_contiguous_input(device, module, recipe_name):
+    """A [seq, batch, hidden] view of a [batch, seq, hidden] tensor gives the same rows."""
+    shape = SHAPES["small"]
+    m = make_module(module, shape, torch.float32, device)
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.float32, device, seed=10)
+    xt = x.transpose(0, 1)
+    assert not xt.is_contiguous()
+    with torch.no_grad(), autocast(recipe_name):
+        want = m(xt.contiguous())
+        got = m(xt)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", GEMM_MODULES)
+def test_torch_autocast_sets_compute_dtype(device, module):
+    """Under torch.autocast the modules compute in the autocast dtype (fp32 parameters)."""
+    shape = SHAPES["small"]
+    m = make_module(module, shape, torch.float32, device)
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.float32, device, seed=11).requires_grad_()
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        out = m(x)
+    assert out.dtype == torch.bfloat16
+    with torch.no_grad():
+        want = make_module(module, shape, torch.bfloat16, device)
+        want.load_state_dict({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                              for k, v in m.state_dict().items() if isinstance(v, torch.Tensor)}, strict=False)
+        want_out = want(x.to(torch.bfloat16))
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=tols(torch.bfloat16)["rtol"],
+                               atol=2 * tols(torch.bfloat16)["rtol"] * want_out.abs().max().item())
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
