@@ -273,3 +273,25 @@ def test_torch_autocast_sets_compute_dtype(device, module):
     out.float().sum().backward()
     assert x.grad.dtype == torch.float32
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_new_and_old_names_agree(device):
+    """autocast(recipe=...) is fp8_autocast(fp8_recipe=...); quantized_model_init is fp8_model_init."""
+    from transformer_engine.common import recipe
+    shape = SHAPES["small"]
+    torch.manual_seed(3)
+    m = make_module("LayerNormMLP", shape, torch.bfloat16, device)
+    twin = make_module("LayerNormMLP", shape, torch.bfloat16, device)
+    twin.load_state_dict(m.state_dict())
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.bfloat16, device, seed=12)
+    for r in (recipe.DelayedScaling(), recipe.Float8CurrentScaling()):
+        for _ in range(2):
+            with torch.no_grad(), te.autocast(enabled=True, recipe=r):
+                new = m(x)
+            with torch.no_grad(), te.fp8_autocast(enabled=True, fp8_recipe=r):
+                old = twin(x)
+            assert torch.equal(new, old)
+    with te.quantized_model_init(enabled=True, recipe=recipe.Float8CurrentScaling()):
+        q = te.Linear(shape.hidden, shape.ffn, params_dtype=torch.bfloat16, device=device)
+    assert isinstance(q.weight, te.Float8Tensor)
