@@ -362,3 +362,14 @@ def _body_amax_reduction(rank, world, group):
 
 def test_delayed_scaling_amax_reduced_over_group_two_ranks_gloo():
     _spawn(_body_amax_reduction)
+
+
+def test_distributed_checkpoint_is_te_checkpoint():
+    lin = te.Linear(16, 8, params_dtype=torch.float32, device="cpu")
+    x = randn((4, 16), torch.float32, "cpu", seed=3).requires_grad_()
+    y = ted.checkpoint(lin, x)
+    y.sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    lin(x).sum().backward()
+    assert torch.equal(y, lin(x)) and torch.equal(g, x.grad)

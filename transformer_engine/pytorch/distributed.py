@@ -107,17 +107,29 @@ class CudaRNGStatesTracker:
 # ---------------------------------------------------------------------------------------------
 
 def get_distributed_world_size(group=None) -> int:
-    """Ranks in `group`; 1 when group is None or torch.distributed is not initialised."""
-    if group is None or not dist.is_available() or not dist.is_initialized():
+    """Ranks in `group` (the default group when None, as torch.distributed reads it); 1 when
+    torch.distributed is not initialised."""
+    if not dist.is_available() or not dist.is_initialized():
         return 1
     return dist.get_world_size(group)
 
 
 def get_distributed_rank(group=None) -> int:
-    """This process's rank in `group`; 0 when group is None or torch.distributed is not initialised."""
-    if group is None or not dist.is_available() or not dist.is_initialized():
+    """This process's rank in `group` (default group when None); 0 when not initialised."""
+    if not dist.is_available() or not dist.is_initialized():
         return 0
     return dist.get_rank(group)
+
+
+def _tp_size(group) -> int:
+    """Ranks of a tensor-parallel group: None means no tensor parallelism (see the module doc)."""
+    return 1 if group is None else get_distributed_world_size(group)
+
+
+def checkpoint(function, *args, **kwargs):
+    """te.distributed.checkpoint, NVIDIA TE's other spelling of te.checkpoint."""
+    from .checkpoint import checkpoint as te_checkpoint
+    return te_checkpoint(function, *args, **kwargs)
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -144,7 +156,7 @@ def _uses_nccl(group) -> bool:
 
 def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum `tensor` over the group in place and return it (identity for one rank)."""
-    if get_distributed_world_size(group) == 1:
+    if _tp_size(group) == 1:
         return tensor
     dist.all_reduce(tensor, group=group)
     return tensor
@@ -152,7 +164,7 @@ def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def all_gather_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Concatenate every rank's `tensor` along dim 0 (rank order)."""
-    world = get_distributed_world_size(group)
+    world = _tp_size(group)
     if world == 1:
         return tensor
     tensor = tensor.contiguous()
@@ -167,7 +179,7 @@ def all_gather_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum over the group, then keep this rank's 1/world slice of dim 0."""
-    world = get_distributed_world_size(group)
+    world = _tp_size(group)
     if world == 1:
         return tensor
     if tensor.shape[0] % world != 0:
@@ -245,24 +257,24 @@ class _ReduceScatterAlongFirstDim(torch.autograd.Function):
 
 
 def copy_to_tensor_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
-    if get_distributed_world_size(group) == 1:
+    if _tp_size(group) == 1:
         return inp
     return _CopyToTensorParallelRegion.apply(inp, group)
 
 
 def reduce_from_tensor_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
-    if get_distributed_world_size(group) == 1:
+    if _tp_size(group) == 1:
         return inp
     return _ReduceFromTensorParallelRegion.apply(inp, group)
 
 
 def gather_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
-    if get_distributed_world_size(group) == 1:
+    if _tp_size(group) == 1:
         return inp
     return _GatherAlongFirstDim.apply(inp, group)
 
 
 def reduce_scatter_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
-    if get_distributed_world_size(group) == 1:
+    if _tp_size(group) == 1:
         return inp
     return _ReduceScatterAlongFirstDim.apply(inp, group)
