@@ -20,7 +20,6 @@ from utils import DEVICES, randn, tols  # noqa: E402
 import transformer_engine.pytorch as te  # noqa: E402
 
 
-
 def _out_features(module, shape):
     return shape.ffn if module in ("Linear", "LayerNormLinear") else shape.hidden
 
@@ -69,12 +68,18 @@ def test_forward_backward(device, module, case):
         _check_finite("output", out)
         out.backward(dy)
         outs.append(out.detach())
+        if len(outs) == 1:
+            first_grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
     n = len(steps)
     if case["recipe"] != "delayed" and n > 1:
         # the weights did not change between microbatches: the cached FP8 weight gives the same output
         for later in outs[1:]:
             assert torch.equal(later, outs[0]), "is_first_microbatch=False changed the output"
+        # and the same gradients, accumulated
+        for name, g in first_grads.items():
+            torch.testing.assert_close(m.get_parameter(name).grad, n * g, **tols(dtype),
+                                       msg=lambda s: f"{name}.grad after {n} microbatches: {s}")
 
     if case["skip"] == "dgrad":
         assert x.grad is None
