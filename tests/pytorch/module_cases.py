@@ -114,9 +114,9 @@ def module_axes(module: str, device: str) -> tuple:
         else ("dtype", "recipe", "shape", "bias"),
         "LayerNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
         "RMSNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
-        "LayerNormLinear": ("dtype", "recipe", "shape", "normalization", "bias", "zero_centered_gamma")
+        "LayerNormLinear": ("dtype", "recipe", "shape", "normalization", "bias", "zero_centered_gamma", "skip")
         if full else ("dtype", "recipe", "shape", "normalization"),
-        "LayerNormMLP": ("dtype", "recipe", "shape", "activation", "normalization") if full
+        "LayerNormMLP": ("dtype", "recipe", "shape", "activation", "normalization", "bias") if full
         else ("dtype", "recipe", "activation"),
     }[module]
     return axes, core
