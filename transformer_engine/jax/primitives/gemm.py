@@ -61,7 +61,7 @@ def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale
                sds((1,), _F32), sds((1,), _F32),
                sds((int(native().gemm_workspace_size()),), jnp.uint8))
     call = ffi("te_gemm_ffi", results, aliases={7: 4})
-    out, dbias, pre, _, amax = call(
+    out, dbias, pre, _, amax, _ = call(
         A, B,
         scalar1(A_scale_inv) if fp8_in else empty(),
         scalar1(B_scale_inv) if fp8_in else empty(),

@@ -3,7 +3,8 @@
 A primitive uses its custom call when (checked at trace time, i.e. each time a function is
 traced by jit):
   - the _native_jax module of this install imports (built where JAX was installed),
-  - the native library sees a GPU of its backend and JAX's default backend is 'gpu',
+  - the native library sees a GPU of its backend, JAX's default backend is 'gpu' and no
+    jax.default_device(...) of another platform is in force,
   - NVTE_JAX_CUSTOM_CALLS (read in transformer_engine.common.config) leaves it on.
 Otherwise the jnp reference of transformer_engine.jax.ops runs: on CPU, and as the oracle.
 
@@ -60,6 +61,11 @@ def why_reference(op: str) -> str:
         return f"NVTE_JAX_CUSTOM_CALLS turns {op} off"
     if jax.default_backend() != "gpu":
         return f"JAX's default backend is {jax.default_backend()}"
+    # Under `with jax.default_device(cpu_device):` the computation runs on the host.
+    device = jax.config.jax_default_device
+    platform = getattr(device, "platform", device)
+    if platform is not None and str(platform).lower() not in ("gpu", "cuda", "rocm"):
+        return f"the default device is {device}"
     mod, why = _load_handlers()
     if mod is None:
         return why
