@@ -45,15 +45,25 @@ def _run(device, make, r, use_checkpoint, tracker):
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("module", list(MODULES))
 def test_checkpoint_bit_exact(device, recipe_name, module):
+    """Bit-exact against the plain run, provided the plain run reproduces itself: a GEMM library
+    may pick split-K algorithms that reduce with atomics (seen on an H100 with fp32 operands),
+    and then no two runs agree; the test then checks fp32 closeness instead and says so."""
     r = RECIPES[recipe_name]
     out = []
-    for use in (False, True):
+    for use in (False, False, True):
         tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
         tracker.add("model-parallel-rng", 1234)
         out.append(_run(device, MODULES[module], r, use, tracker))
-    for step_a, step_b in zip(*out):
+    plain, again, ckpt = out
+    reproducible = all(torch.equal(a, b) for sa, sb in zip(plain, again) for a, b in zip(sa, sb))
+    if device == "cpu":
+        assert reproducible
+    for step_a, step_b in zip(plain, ckpt):
         for a, b in zip(step_a, step_b):
-            assert torch.equal(a, b)
+            if reproducible:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_checkpoint_rejects_non_callable():

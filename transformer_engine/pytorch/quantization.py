@@ -89,26 +89,31 @@ class _Step:
             _update_delayed(self.states, self.recipe, self.group, forward=False)
 
 
-class FP8GlobalState:
-    """The autocast context as plain class attributes (read on every module call, so cheap)."""
-    enabled = False
-    calibrating = False
-    recipe: Optional[Recipe] = None
-    group = None
-    depth = 0
-    step: Optional[_Step] = None
-    model_init = False
-    model_init_recipe: Optional[Recipe] = None
-    # checkpoint support: modules stash their forward scales here and recompute pops them
-    recompute_phase = 0   # 0: none, 1: checkpointed forward (stash), 2: recompute (pop)
+class _FP8GlobalStateType:
+    """The autocast context. One instance (FP8GlobalState) whose attributes are read on every
+    module call; an instance rather than class attributes so torch.compile can trace the
+    context's entry and exit (it records attribute writes on objects, not on classes)."""
 
-    @classmethod
-    def is_fp8_enabled(cls) -> bool:
-        return cls.enabled
+    def __init__(self):
+        self.enabled = False
+        self.calibrating = False
+        self.recipe: Optional[Recipe] = None
+        self.group = None
+        self.depth = 0
+        self.step: Optional[_Step] = None
+        self.model_init = False
+        self.model_init_recipe: Optional[Recipe] = None
+        # checkpoint support: modules record their forward scales and the recompute replays them
+        self.recompute_phase = 0   # 0: none, 1: checkpointed forward (record), 2: recompute (replay)
 
-    @classmethod
-    def is_first_fp8_module(cls) -> bool:
-        return cls.step is not None and not cls.step.states
+    def is_fp8_enabled(self) -> bool:
+        return self.enabled
+
+    def is_first_fp8_module(self) -> bool:
+        return self.step is not None and not self.step.states
+
+
+FP8GlobalState = _FP8GlobalStateType()
 
 
 def _check_recipe(recipe, who):
@@ -186,10 +191,19 @@ def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 
 # ----- per-module recipe state ------------------------------------------------------------------
 
+_FLAVOR_BY_DEVICE: dict = {}
+
+
 def _flavor(device: torch.device) -> str:
+    """FP8 encoding of a device, cached (modules fill the cache eagerly when they are built,
+    so a compiled region only reads it)."""
     if device.type != "cuda":
         return fp8_formats.OCP
-    return native.capability(device).fp8_flavor or fp8_formats.OCP
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    flavor = _FLAVOR_BY_DEVICE.get(key)
+    if flavor is None:
+        flavor = _FLAVOR_BY_DEVICE[key] = native.capability(device).fp8_flavor or fp8_formats.OCP
+    return flavor
 
 
 def _recipe_key(recipe) -> tuple:
@@ -207,7 +221,8 @@ class RecipeState:
     into it) and scale[i] the scale from the last update. Float8CurrentScaling: scratch values
     recomputed before each cast."""
 
-    def __init__(self, recipe: Recipe, device: torch.device, n_fwd: int, n_bwd: int):
+    def __init__(self, recipe: Recipe, device: torch.device, n_fwd: int, n_bwd: int,
+                 allocate: bool = True):
         self.recipe, self.key, self.device = recipe, _recipe_key(recipe), device
         self.delayed = isinstance(recipe, DelayedScaling)
         flavor = _flavor(device)
@@ -216,6 +231,11 @@ class RecipeState:
         self.bwd_dtype = getattr(torch, fp8_formats.fp8_dtype_name(fmt.value.bwd, flavor))
         self.fwd_max = fp8_formats.fp8_max(fmt.value.fwd, flavor)
         self.bwd_max = fp8_formats.fp8_max(fmt.value.bwd, flavor)
+        self.step_id = None
+        self._ptrs = None
+        self._update_descs = None
+        if not allocate:  # formats only (a traced current-scaling call)
+            return
         hist_len = recipe.amax_history_len if self.delayed else 1
         f32 = dict(dtype=torch.float32, device=device)
         self.amax_history_fwd = torch.zeros(hist_len, n_fwd, **f32)
@@ -227,14 +247,39 @@ class RecipeState:
         self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
-        self.step_id = None
-        # (history, scale, scale_inv, fp8_max) as raw pointers, for the native fast path and
-        # the batched update (the tensors never move: a device change builds a new state)
-        self.ptrs_fwd = (self.amax_history_fwd.data_ptr(), self.scale_fwd.data_ptr(),
-                         self.scale_inv_fwd.data_ptr(), self.fwd_max)
-        self.ptrs_bwd = (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
-                         self.scale_inv_bwd.data_ptr(), self.bwd_max)
-        self.native = device.type == "cuda" and native.native_for_torch() is not None
+
+    def _pointers(self):
+        # (history, scale, scale_inv, fp8_max) as raw pointers for the native fast path (the
+        # tensors never move: a device change builds a new state); made on first eager use
+        if self._ptrs is None:
+            self._ptrs = ((self.amax_history_fwd.data_ptr(), self.scale_fwd.data_ptr(),
+                           self.scale_inv_fwd.data_ptr(), self.fwd_max),
+                          (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
+                           self.scale_inv_bwd.data_ptr(), self.bwd_max))
+        return self._ptrs
+
+    def update_desc(self, forward: bool):
+        """This state's group for the native batched update, or None when it has no tensors."""
+        descs = self._update_descs
+        if descs is None:
+            descs = self._update_descs = tuple(
+                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
+                if h.shape[1] else None
+                for h, sc, si, m in ((self.amax_history_fwd, self.scale_fwd, self.scale_inv_fwd, self.fwd_max),
+                                     (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max)))
+        return descs[0 if forward else 1]
+
+    @property
+    def ptrs_fwd(self):
+        return self._pointers()[0]
+
+    @property
+    def ptrs_bwd(self):
+        return self._pointers()[1]
+
+    @property
+    def native(self) -> bool:
+        return native.use_native(self.scale_fwd)
 
     def _make_views(self):
         self.fwd_scale = [self.scale_fwd[i:i + 1] for i in range(self.scale_fwd.numel())]
@@ -332,26 +377,26 @@ def _reduce_amax(histories: List[torch.Tensor], group) -> None:
 def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> None:
     if not states or not isinstance(recipe, DelayedScaling):
         return
+    if recipe.reduce_amax and group is not None:
+        _reduce_amax([s.amax_history_fwd if forward else s.amax_history_bwd for s in states], group)
+    algo = recipe.amax_compute_algo
+    code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
+    first = states[0]
+    if code is not None and first.native and all(s.device == first.device for s in states):
+        # the common case: one launch through the binding, descriptors cached per module
+        desc = [d for d in (s.update_desc(forward) for s in states) if d is not None]
+        if desc:
+            native.native_for_torch().delayed_scaling_update(
+                desc, code, float(recipe.margin), torch.cuda.current_stream(first.device).cuda_stream)
+        return
     if forward:
         groups = [(s.amax_history_fwd, s.scale_fwd, s.scale_inv_fwd, s.fwd_max) for s in states]
     else:
         groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
     groups = [g for g in groups if g[0].shape[1] > 0]
-    if not groups:
-        return
-    if recipe.reduce_amax:
-        _reduce_amax([g[0] for g in groups], group)
-    algo = recipe.amax_compute_algo
-    if all(s.native for s in states) and algo in _ALGO_CODE and len({s.device for s in states}) == 1:
-        # the common case: one launch through the binding, descriptors from cached pointers
-        desc = [(h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
-                for h, sc, si, m in groups]
-        native.native_for_torch().delayed_scaling_update(
-            desc, _ALGO_CODE[algo], float(recipe.margin),
-            torch.cuda.current_stream(states[0].device).cuda_stream)
-        return
-    from .ops import delayed_scaling_update
-    delayed_scaling_update(groups, algo, float(recipe.margin))
+    if groups:
+        from .ops import delayed_scaling_update
+        delayed_scaling_update(groups, algo, float(recipe.margin))
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}

@@ -54,25 +54,28 @@ def cast(nc, rs, x, forward: bool, slot: int, need_transpose: bool):
     DelayedScaling: the module's scale, amax recorded into the history row. Current scaling:
     amax into the (1-row) history, then the update kernel turns it into the scale (fp8_max /
     amax, clearing the row again), then the cast: three launches, no torch ops."""
-    base = rs.ptrs_fwd if forward else rs.ptrs_bwd
-    hist, scale, sinv_state, fp8_max = base
+    ptrs = rs._ptrs or rs._pointers()
+    hist, scale, sinv_state, fp8_max = ptrs[0] if forward else ptrs[1]
     off = 4 * slot
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
+    shape, device = x.shape, x.device
+    x_desc = (x.data_ptr(), shape, _CODE[x.dtype], 0, 0, 0)
     if rs.delayed:
         amax_ptr = hist + off
     else:
-        nc.mod.compute_amax(_desc(x), hist + off, nc.stream)
+        nc.mod.compute_amax(x_desc, hist + off, nc.stream)
         nc.mod.delayed_scaling_update([(hist + off, scale + off, sinv_state + off, 1, 1, fp8_max)],
                                       _AMAX_MOST_RECENT, 0.0, nc.stream)
         amax_ptr = 0
-    scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    out_desc = (out.data_ptr(), x.shape, _CODE[dtype], amax_ptr, scale + off, scale_inv.data_ptr())
+    scale_inv = torch.empty(1, dtype=torch.float32, device=device)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    code = _CODE[dtype]
+    out_desc = (out.data_ptr(), shape, code, amax_ptr, scale + off, scale_inv.data_ptr())
     if need_transpose:
-        out_t = torch.empty((x.shape[1], x.shape[0]), dtype=dtype, device=x.device)
-        nc.mod.cast_transpose(_desc(x), out_desc, _desc(out_t), nc.stream)
+        out_t = torch.empty((shape[1], shape[0]), dtype=dtype, device=device)
+        nc.mod.cast_transpose(x_desc, out_desc, (out_t.data_ptr(), out_t.shape, code, 0, 0, 0), nc.stream)
         return out, out_t, scale_inv
-    nc.mod.quantize(_desc(x), out_desc, nc.stream)
+    nc.mod.quantize(x_desc, out_desc, nc.stream)
     return out, None, scale_inv
 
 

@@ -51,6 +51,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self.primary_weights_in_fp8 = FP8GlobalState.model_init
         self._model_init_recipe = FP8GlobalState.model_init_recipe
 
+    def _remember_device(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
+
     # -- FP8 per call
     def fp8_call_info(self, device: torch.device) -> FP8CallInfo:
         s = FP8GlobalState
@@ -65,6 +69,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
                     "recipe.Float8CurrentScaling() or run the module eagerly")
         rs = self._fp8_state
         if rs is None or rs.recipe is not s.recipe or rs.device != device:
+            if torch.compiler.is_compiling():
+                # traced current scaling keeps no state: a tensor-free description is enough,
+                # and creating module state inside the graph would be a side effect
+                return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
+                                   None, None, None)
             rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
             if self._pending_fp8_extra_state is not None:
                 rs.load_dict(self._pending_fp8_extra_state)
@@ -82,6 +91,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def make_weight(self, shape, dtype, device, init: Optional[Callable]) -> torch.nn.Parameter:
         """A parameter initialised on `device` ('meta' defers it: call reset_parameters() after
         to_empty()); under quantized_model_init it is stored as a Float8Tensor only."""
+        self._remember_device(device)
         w = torch.empty(shape, dtype=dtype, device=device)
         if device.type != "meta" and init is not None:
             init(w)

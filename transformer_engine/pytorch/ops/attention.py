@@ -51,7 +51,9 @@ not implemented natively (native_attention_support says so): the unfused path se
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 
 import torch
@@ -187,13 +189,26 @@ def native_attention_support(backend: str, cfg: AttentionConfig) -> tuple:
     left, right = effective_window(cfg.mask_type, cfg.window_size)
     device = torch.device(cfg.device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ok, reason = native.native_for_torch().attention_support(
-        BACKEND_CODE[backend], _params_tuple(cfg.batch, cfg.num_heads_q, cfg.num_heads_kv,
-                                             cfg.seqlen_q, cfg.seqlen_kv, cfg.head_dim_qk,
-                                             cfg.head_dim_v, cfg.dtype, cfg.qkv_format,
-                                             cfg.mask_type, left, right, 1.0,
-                                             cfg.deterministic), index)
+    return _kernel_support(BACKEND_CODE[backend],
+                           _params_tuple(cfg.batch, cfg.num_heads_q, cfg.num_heads_kv,
+                                         cfg.seqlen_q, cfg.seqlen_kv, cfg.head_dim_qk,
+                                         cfg.head_dim_v, cfg.dtype, cfg.qkv_format,
+                                         cfg.mask_type, left, right, 1.0, cfg.deterministic),
+                           index)
+
+
+# The kernels' answers depend on the parameters and the device only (no env var), so they are
+# cached: every call asks, and the eager path should not pay a C round trip for it each time.
+@functools.lru_cache(maxsize=4096)
+def _kernel_support(code, params, device_index):
+    ok, reason = native.native_for_torch().attention_support(code, params, device_index)
     return bool(ok), reason
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace_bytes(code, params, is_backward, device_index):
+    return int(native.native_for_torch().attention_workspace_size(code, params, is_backward,
+                                                                  device_index))
 
 
 def _params_tuple(b, hq, hkv, sq, skv, dqk, dv, dtype, qkv_format, mask_type, left, right, scale,
@@ -399,10 +414,9 @@ class _Call:
         return native.describe(t) if t is not None else None
 
     def workspace(self, backward, device):
-        size = self.mod.attention_workspace_size(self.code, self.params, bool(backward),
-                                                 device.index if device.index is not None else
-                                                 torch.cuda.current_device())
-        return torch.empty(max(int(size), 1), dtype=torch.uint8, device=device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        size = _workspace_bytes(self.code, self.params, bool(backward), index)
+        return torch.empty(max(size, 1), dtype=torch.uint8, device=device)
 
     def alloc(self, like, shape=None):
         shape = like.shape if shape is None else shape
@@ -486,3 +500,22 @@ class FusedAttention(torch.autograd.Function):
         dq, dk, dv = fused_attention_backward(q, k, v, out, d_out.contiguous(), lse, rng_state,
                                               cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, **ctx.kw)
         return (dq, dk, dv) + (None,) * 11
+
+
+@contextlib.contextmanager
+def portable_kernel_variant(variant: str):
+    """Within the block, the portable forward runs 'fma' (the FMA kernel, the code path AMD
+    builds take) or 'auto' (warp matrix units where the build maps them: NVIDIA). Process-wide;
+    for tests and benchmarks."""
+    codes = {"auto": 0, "fma": 1}
+    if variant not in codes:
+        raise ValueError(f"portable_kernel_variant: variant is {variant!r}; expected 'auto' or 'fma'")
+    mod = native.native_for_torch()
+    if mod is None or not hasattr(mod, "attention_set_portable_variant"):
+        yield
+        return
+    mod.attention_set_portable_variant(codes[variant])
+    try:
+        yield
+    finally:
+        mod.attention_set_portable_variant(0)
