@@ -40,9 +40,12 @@ def test_dense_general_vs_flax(dtype, use_bias):
                           param_dtype=getattr(jnp, dtype))
     params = ours.init(jax.random.PRNGKey(0), x)["params"]
     params = {**params, "bias": rand((40,), dtype, 2)} if use_bias else params
-    y, y_ref = ours.apply({"params": params}, x), ref.apply({"params": params}, x)
+    y = ours.apply({"params": params}, x)
+    with jax.default_matmul_precision("highest"):  # XLA's GPU default for float32 is TF32
+        y_ref = ref.apply({"params": params}, x)
+        vr, (gpr, gxr) = grads(ref, params, x)
     assert_close(y, y_ref, dtype, "y", scale=2, of_max=True)
-    (v, (gp, gx)), (vr, (gpr, gxr)) = grads(ours, params, x), grads(ref, params, x)
+    v, (gp, gx) = grads(ours, params, x)
     assert_close(gx, gxr, dtype, "dx", scale=4, of_max=True)
     assert_close(gp["kernel"], gpr["kernel"], dtype, "dkernel", scale=4, of_max=True)
 
@@ -80,7 +83,9 @@ def test_layernorm_mlp_vs_reference(activations):
         return a @ p["wo_kernel"] + p["wo_bias"]
 
     y, _ = ours.apply({"params": params}, x, deterministic=True)
-    assert_close(y, reference(params, x), "float32", "y", scale=8)
+    with jax.default_matmul_precision("highest"):
+        want = reference(params, x)
+    assert_close(y, want, "float32", "y", scale=8, of_max=True)
 
 
 CONFIGS = [
@@ -195,3 +200,26 @@ def test_jit_with_named_sharding_on_default_devices():
     g, b = jnp.ones(64, jnp.bfloat16), jnp.zeros(64, jnp.bfloat16)
     f = jax.jit(lambda v: te.layernorm(v, g, b))
     assert_close(f(xs), f(x), "bfloat16", "sharded")
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_fused_gelu_mlp_matches_composed(use_bias):
+    """GELU in the GEMM epilogues (fwd GeluAux, bwd DGelu[BGrad]) vs dense + activation + dense."""
+    x = rand((2, 48, 64), "bfloat16", 11)
+    g, b = rand((64,), "bfloat16", 12, 0.1, 1.0), rand((64,), "bfloat16", 13, 0.1)
+    k1, k2 = rand((64, 96), "bfloat16", 14, 0.1), rand((96, 64), "bfloat16", 15, 0.1)
+    b1 = rand((96,), "bfloat16", 16, 0.1) if use_bias else None
+    b2 = rand((64,), "bfloat16", 17, 0.1) if use_bias else None
+
+    def loss(fn):
+        def f(x, k1, k2, b1, b2):
+            y = te.layernorm_mlp(x, g, b, (k1, k2), (b1, b2), activation_type=("gelu",),
+                                 intermediate_fn=fn)
+            return jnp.mean(y.astype(jnp.float32) ** 2)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4)))(x, k1, k2, b1, b2)
+
+    (v, gf), (vc, gc) = loss(None), loss(lambda a: a)
+    assert_close(v, vc, "bfloat16", "loss")
+    for a, c, what in zip(gf, gc, ("dx", "dk1", "dk2", "db1", "db2")):
+        if a is not None:
+            assert_close(a, c, "bfloat16", what, scale=2, of_max=True)

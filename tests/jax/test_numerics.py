@@ -151,7 +151,9 @@ def test_gemm_fp8(fp8_a, fp8_b, out):
     f = lambda a, b: pgemm.general_gemm(a, b, out, layout="TN", A_scale_inv=sa, B_scale_inv=sb,  # noqa: E731
                                         bias=bias)
     got, want = jax.jit(f)(a, b), on_cpu(f, a, b)
-    assert_close(got.out, want.out, out, "out", scale=4, of_max=True)
+    # FP8 GEMMs accumulate in the tensor cores' reduced precision (fast accumulation): a
+    # float32 output is held to bfloat16's tolerance.
+    assert_close(got.out, want.out, "bfloat16", "out", scale=1, of_max=True)
 
 
 def test_gemm_dgelu_bias_grad():

@@ -119,3 +119,42 @@ def dense(x, kernel, bias=None, fp8_meta=None):
     else:
         out = _dense_hp(x2, kernel, bias)
     return out.reshape(lead + (m,))
+
+
+@jax.custom_vjp
+def _gelu_mlp_hp(x2, k1, b1, k2, b2):
+    return _gelu_mlp_hp_fwd(x2, k1, b1, k2, b2)[0]
+
+
+def _gelu_mlp_hp_fwd(x2, k1, b1, k2, b2):
+    # GELU (and fc1's bias) in fc1's GEMM epilogue, which also keeps the pre-activation.
+    fc1 = general_gemm(k1, x2, x2.dtype, layout="NN", bias=b1, gelu=True)
+    out = general_gemm(k2, fc1.out, x2.dtype, layout="NN", bias=b2).out
+    return out, (x2, k1, b1, k2, b2, fc1.out, fc1.gelu_input)
+
+
+def _gelu_mlp_hp_bwd(res, dy):
+    x2, k1, b1, k2, b2, act, pre = res
+    dy = dy.astype(x2.dtype)
+    # fc2's dgrad with dGELU (and fc1's bias gradient) in its epilogue: the gradient of the
+    # pre-activation in one GEMM, no separate activation-backward pass.
+    dpre = general_gemm(k2, dy, x2.dtype, layout="TN", gelu_input=pre, bias_grad=b1 is not None)
+    dk2 = general_gemm(dy, act, x2.dtype, layout="NT").out
+    dx = general_gemm(k1, dpre.out, x2.dtype, layout="TN").out
+    dk1 = general_gemm(dpre.out, x2, x2.dtype, layout="NT").out
+    db1 = None if b1 is None else dpre.bias_grad.astype(b1.dtype)
+    return dx, dk1.astype(k1.dtype), db1, dk2.astype(k2.dtype), _dbias(dy, b2)
+
+
+_gelu_mlp_hp.defvjp(_gelu_mlp_hp_fwd, _gelu_mlp_hp_bwd)
+
+
+def fused_gelu_mlp(x, k1, b1, k2, b2):
+    """fc2(gelu(fc1(x))) (tanh GELU) in high precision with the GELU in the GEMM epilogues,
+    or None when this form does not apply (FP8 autocast on: the FP8 path composes dense)."""
+    if fp8_mod.current_fp8_config() is not None:
+        return None
+    lead = x.shape[:-1]
+    x2 = x.reshape(math.prod(lead), x.shape[-1])
+    out = _gelu_mlp_hp(x2, k1.astype(x.dtype), b1, k2.astype(x.dtype), b2)
+    return out.reshape(lead + (k2.shape[1],))

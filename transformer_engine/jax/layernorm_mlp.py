@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from .dense import dense
+from .dense import dense, fused_gelu_mlp
 from .primitives.activation import activation as _activation
 from .primitives.normalization import layernorm as _layernorm
 
@@ -61,6 +61,10 @@ def layernorm_mlp(x, gamma, beta, kernels, biases=(None, None), layernorm_type="
     k1, k2 = kernels
     b1, b2 = biases
     h = layernorm(x, gamma, beta, layernorm_type, zero_centered_gamma, epsilon)
+    if activation_name(activation_type) == "gelu" and intermediate_fn is None:
+        fused = fused_gelu_mlp(h, k1, b1, k2, b2)
+        if fused is not None:
+            return fused
     y1 = dense(h, k1, b1, fp8_metas[0])
     a = activation(y1, activation_type)
     if intermediate_fn is not None:

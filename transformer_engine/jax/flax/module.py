@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import fp8 as fp8_mod
-from ..dense import dense
+from ..dense import dense, fused_gelu_mlp
 from ..layernorm_mlp import activation as _activation, activation_name, layernorm
 from ..sharding import with_sharding_constraint
 
@@ -235,6 +235,11 @@ class LayerNormMLP(_FP8Metas):
         b1 = self.param("wi_bias", self.bias_init, (n_act, inter), self.dtype).reshape(-1) \
             if self.use_bias else None
         b2 = self.param("wo_bias", self.bias_init, (hidden,), self.dtype) if self.use_bias else None
+        dropout_active = self.intermediate_dropout_rate > 0.0 and not deterministic
+        if activation_name(acts) == "gelu" and not dropout_active:
+            fused = fused_gelu_mlp(h, k1, b1, k2, b2)
+            if fused is not None:
+                return fused, (h if self.return_layernorm_output else None)
         y1 = dense(h, k1, b1, self.fp8_meta("wi"))
         a = _activation(y1, acts)
         a = nn.Dropout(rate=self.intermediate_dropout_rate,
