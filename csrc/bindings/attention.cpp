@@ -47,6 +47,10 @@ struct OptTensor {
 }  // namespace
 
 void register_attention(py::module_& m) {
+  // 0: auto (matrix units where mapped), 1: FMA only (the AMD code path); for tests.
+  m.def("attention_set_portable_variant", [](int variant) {
+    check_status(nvte_attention_set_portable_variant(static_cast<NVTEAttnPortableVariant>(variant)));
+  });
   m.def("attention_backend_name", [](int backend) {
     return std::string(nvte_attention_backend_name(static_cast<NVTEAttnBackend>(backend)));
   });

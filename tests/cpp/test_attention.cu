@@ -176,8 +176,16 @@ void run_backend(NVTEAttnBackend backend, bool causal) {
 }  // namespace
 
 TE_TEST(attention_portable_matches_cpu) {
-  run_backend(kNVTEAttnBackendPortable, false);
-  run_backend(kNVTEAttnBackendPortable, true);
+  for (NVTEAttnPortableVariant variant : {kNVTEAttnPortableAuto, kNVTEAttnPortableFmaOnly}) {
+    TE_EXPECT(nvte_attention_set_portable_variant(variant) == kNVTESuccess, "%s",
+              nvte_last_error_message());
+    run_backend(kNVTEAttnBackendPortable, false);
+    run_backend(kNVTEAttnBackendPortable, true);
+  }
+  nvte_attention_set_portable_variant(kNVTEAttnPortableAuto);
+  TE_EXPECT(nvte_attention_set_portable_variant(static_cast<NVTEAttnPortableVariant>(5)) ==
+                kNVTEInvalidArgument,
+            "bad variant");
 }
 
 TE_TEST(attention_cudnn_matches_cpu_or_says_why) {

@@ -104,9 +104,20 @@ def assert_close(got, want, dtype, scale=1.0, what=""):
                                msg=lambda m: f"{what}: {m}")
 
 
+# 'portable_fma' is the portable backend with its FMA forward: the kernels AMD builds run,
+# checked here on NVIDIA too ('portable' takes the warp matrix units where the build maps them).
+BACKENDS = ["cudnn", "portable", "portable_fma"]
+
+
+def _backend_and_variant(backend):
+    return ("portable", "fma") if backend == "portable_fma" else (backend, "auto")
+
+
 def _run_backend(backend, case, dtype):
+    backend, variant = _backend_and_variant(backend)
     q, k, v, d_out, kw = make_inputs(case, dtype, "cuda")
-    out, lse, rng = A.fused_attention_forward(q, k, v, backend=backend, **kw)
+    with A.portable_kernel_variant(variant):
+        out, lse, rng = A.fused_attention_forward(q, k, v, backend=backend, **kw)
     dq, dk, dv = A.fused_attention_backward(q, k, v, out, d_out, lse, rng, backend=backend, **kw)
     return (q, k, v, d_out, kw), (out, lse, dq, dk, dv)
 
@@ -131,10 +142,10 @@ def _hopper():
 @requires_native_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("backend", A.NATIVE_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_matches_reference(backend, case, dtype):
-    ok, reason = _support(backend, case, dtype)
-    must = backend == "portable" or (case[-1] and _hopper())
+    ok, reason = _support(_backend_and_variant(backend)[0], case, dtype)
+    must = backend.startswith("portable") or (case[-1] and _hopper())
     if not ok:
         # a refusal is legitimate only where the case does not require the backend, and the call
         # itself must then refuse with the same reason
@@ -142,7 +153,7 @@ def test_backend_matches_reference(backend, case, dtype):
         assert reason, "a refusal carries a reason"
         q, k, v, _, kw = make_inputs(case, dtype, "cuda")
         with pytest.raises(NotImplementedError, match=backend):
-            A.fused_attention_forward(q, k, v, backend=backend, **kw)
+            A.fused_attention_forward(q, k, v, backend=_backend_and_variant(backend)[0], **kw)
         return
     (q, k, v, d_out, kw), (out, lse, dq, dk, dv) = _run_backend(backend, case, dtype)
     r_out, r_lse, r_dq, r_dk, r_dv = reference(q, k, v, d_out, kw)
@@ -167,7 +178,10 @@ def test_backends_agree(case):
             return
     _, a = _run_backend("portable", case, dtype)
     _, b = _run_backend("cudnn", case, dtype)
-    for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b):
+    _, c = _run_backend("portable_fma", case, dtype)
+    pairs = [(n, x, y) for n, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b)]
+    pairs += [(n, x, y) for n, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, c)]
+    for name, x, y in pairs:
         scale = 1.0 if name in ("out", "lse") else 2.0
         if name == "lse":
             rows = _valid_rows(case, x.device)

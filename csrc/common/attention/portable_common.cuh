@@ -156,6 +156,10 @@ __device__ __forceinline__ void zero(float (&acc)[RM][CN]) {
 // Host side: strides and pointers of a validated call.
 KernelArgs make_kernel_args(const AttnArgs& a);
 
+// Forward on the warp matrix units (portable_fwd_mma.cu); false where the vendor mapping is
+// absent (TE_HAS_WARP_MMA 0), and the caller runs the FMA kernel.
+bool forward_mma(const AttnArgs& a);
+
 }  // namespace portable
 }  // namespace attention
 }  // namespace te

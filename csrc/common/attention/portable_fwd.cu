@@ -1,6 +1,8 @@
 // Portable attention forward: one block per (query tile, query head, sequence), keys streamed
 // through shared memory in tiles with an online softmax (running max and sum per row, in the
 // log2 domain), the output accumulated in registers and normalised once at the end.
+#include <atomic>
+
 #include "attention/portable_common.cuh"
 #include "util/error.h"
 
@@ -188,10 +190,23 @@ size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
   return ((rows * sizeof(float) + 255) / 256) * 256;
 }
 
+namespace {
+std::atomic<int> g_portable_variant{kNVTEAttnPortableAuto};
+}  // namespace
+
 void portable_forward(const AttnArgs& args) {
+  if (g_portable_variant.load() == kNVTEAttnPortableAuto && portable::forward_mma(args)) return;
   if (args.p.dtype == kNVTEFloat16) portable::forward_for_type<fp16>(args);
   else portable::forward_for_type<bf16>(args);
 }
 
 }  // namespace attention
 }  // namespace te
+
+extern "C" NVTEStatus nvte_attention_set_portable_variant(NVTEAttnPortableVariant variant) {
+  return te::guard("nvte_attention_set_portable_variant", [&] {
+    TE_CHECK_ARG(variant == kNVTEAttnPortableAuto || variant == kNVTEAttnPortableFmaOnly,
+                 "variant is ", static_cast<int>(variant), "; expected 0 (auto) or 1 (FMA only)");
+    te::attention::g_portable_variant.store(variant);
+  });
+}
