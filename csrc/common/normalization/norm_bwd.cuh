@@ -244,7 +244,11 @@ norm_bwd_finalize_kernel(const float* part_gamma, const float* part_beta, int64_
 // then takes the general path.
 template <typename Kernel>
 bool allow_dynamic_smem(Kernel kernel, size_t smem) {
-  if (smem <= 48 * 1024) return true;
+  // The 48 KB default covers static + dynamic shared memory; the register kernel's static part is
+  // its reduction scratch (768 columns of 16-bit data once asked for exactly 48 KB of dynamic
+  // memory, and the launch failed).
+  constexpr size_t kStaticBytes = 2 * 2 * kMaxWarps * sizeof(float);
+  if (smem + kStaticBytes <= 48 * 1024) return true;
   int dev = 0, limit = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
