@@ -159,6 +159,11 @@ KernelArgs make_kernel_args(const AttnArgs& a);
 // Forward on the warp matrix units (portable_fwd_mma.cu); false where the vendor mapping is
 // absent (TE_HAS_WARP_MMA 0), and the caller runs the FMA kernel.
 bool forward_mma(const AttnArgs& a);
+// dK/dV and dQ on the warp matrix units (portable_bwd_mma.cu), after the delta pass; false where
+// the vendor mapping is absent.
+bool backward_mma(const AttnArgs& a, const KernelArgs& k);
+// Whether the matrix-unit kernels may run (nvte_attention_set_portable_variant).
+bool matrix_units_allowed();
 
 }  // namespace portable
 }  // namespace attention

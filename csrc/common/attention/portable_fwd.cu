@@ -194,8 +194,12 @@ namespace {
 std::atomic<int> g_portable_variant{kNVTEAttnPortableAuto};
 }  // namespace
 
+bool portable::matrix_units_allowed() {
+  return g_portable_variant.load() == kNVTEAttnPortableAuto;
+}
+
 void portable_forward(const AttnArgs& args) {
-  if (g_portable_variant.load() == kNVTEAttnPortableAuto && portable::forward_mma(args)) return;
+  if (portable::matrix_units_allowed() && portable::forward_mma(args)) return;
   if (args.p.dtype == kNVTEFloat16) portable::forward_for_type<fp16>(args);
   else portable::forward_for_type<bf16>(args);
 }

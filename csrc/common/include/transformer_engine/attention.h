@@ -115,9 +115,9 @@ NVTEStatus nvte_attention_backward(NVTEAttnBackend backend, const NVTEAttnParams
                                    NVTETensor* dk, NVTETensor* dv, void* workspace,
                                    size_t workspace_size, NVTEStream stream);
 
-/* Which kernels the portable backend's forward uses, process-wide: Auto (the warp matrix units
- * where this vendor build maps them -- NVIDIA --, else FMA) or FmaOnly (the FMA kernel every
- * vendor runs; lets NVIDIA test the code path AMD takes). The backward is FMA on every vendor. */
+/* Which kernels the portable backend uses, process-wide: Auto (the warp matrix units where this
+ * vendor build maps them -- NVIDIA --, else FMA) or FmaOnly (the FMA kernels every vendor runs;
+ * lets NVIDIA test the code path AMD takes). Forward and backward alike. */
 typedef enum { kNVTEAttnPortableAuto = 0, kNVTEAttnPortableFmaOnly = 1 } NVTEAttnPortableVariant;
 NVTEStatus nvte_attention_set_portable_variant(NVTEAttnPortableVariant variant);
 
