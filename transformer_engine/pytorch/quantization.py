@@ -288,14 +288,12 @@ class RecipeState:
         self.bwd_amax = [self.amax_history_bwd[0, i:i + 1] for i in range(self.scale_bwd.numel())]
 
     # -- current scaling: amax, then scale, on the device
-    def current_scale(self, x: torch.Tensor, forward: bool, i: int, compute_amax) -> torch.Tensor:
+    def current_scale(self, x: torch.Tensor, forward: bool, i: int, compute_amax=None) -> torch.Tensor:
         amax = (self.fwd_amax if forward else self.bwd_amax)[i]
         scale = (self.fwd_scale if forward else self.bwd_scale)[i]
-        amax.zero_()
-        compute_amax(x, amax)
-        scale.copy_(scale_from_amax(amax, self.max_fwd_t if forward else self.max_bwd_t,
-                                    self.recipe.use_power_2_scales))
-        amax.zero_()  # the native fast path accumulates into this value: leave it cleared
+        scale_inv = (self.scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
+        compute_current_scale(x, amax, scale, scale_inv, self.fwd_max if forward else self.bwd_max,
+                              self.recipe.use_power_2_scales)
         return scale
 
     # -- checkpoint I/O
@@ -316,6 +314,24 @@ class RecipeState:
                 if src.shape[1] == dst.shape[1]:
                     dst.zero_()
                     dst[:rows].copy_(src[:rows])
+
+
+def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor,
+                          scale_inv: torch.Tensor, fp8_max: float, power_2: bool) -> None:
+    """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero.
+
+    Every path computes it the same way on a device, so eager, fast-path and compiled runs cast
+    with the same bits: on the native core the amax kernel, then the delayed-scaling update
+    kernel with a one-row history (which divides, and clears the row); elsewhere (and for
+    power-of-2 scales) torch ops."""
+    from . import ops
+    ops.compute_amax(x, amax)
+    if not power_2 and native.use_native(x):
+        ops.delayed_scaling_update([(amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)],
+                                   "most_recent", 0.0)
+        return
+    scale.copy_(scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2))
+    amax.zero_()
 
 
 def scale_from_amax(amax: torch.Tensor, fp8_max_t: torch.Tensor, power_2: bool) -> torch.Tensor:

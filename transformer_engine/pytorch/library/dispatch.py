@@ -103,8 +103,15 @@ def activation_backward(grad, x, name):
     return _te().act_bwd(grad, x, name)
 
 
-def dbias_dactivation(grad, x, name):
+def dbias_dactivation(grad, x, name, fp8_dtype=None, scale=None, amax=None):
+    """(dx, dbias), or (dx_fp8, dbias, scale_inv) with fp8_dtype (eager only: delayed scaling,
+    the one user of the FP8 form, is refused under torch.compile)."""
     if not _is_compiling():
-        return ops.dbias_dactivation(grad, x, name)
+        return ops.dbias_dactivation(grad, x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     dx, dbias = _te().dbias_dact(grad, x, name)
     return dx, dbias
+
+
+def current_scale(x, fp8_max: float, power_2: bool):
+    """Float8CurrentScaling's scale of x while tracing (see quantization.compute_current_scale)."""
+    return _te().current_scale(x, float(fp8_max), bool(power_2))

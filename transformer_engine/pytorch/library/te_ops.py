@@ -186,3 +186,17 @@ def dbias_dact(grad: Tensor, x: Tensor, name: str) -> List[Tensor]:
 @dbias_dact.register_fake
 def _(grad, x, name):
     return [torch.empty_like(x), x.new_empty([x.shape[-1]])]
+
+
+@torch.library.custom_op("te::current_scale", mutates_args=())
+def current_scale(x: Tensor, fp8_max: float, power_2: bool) -> Tensor:
+    from ..quantization import compute_current_scale
+    f32 = dict(dtype=torch.float32, device=x.device)
+    scale = torch.ones(1, **f32)
+    compute_current_scale(x, torch.zeros(1, **f32), scale, torch.ones(1, **f32), fp8_max, power_2)
+    return scale
+
+
+@current_scale.register_fake
+def _(x, fp8_max, power_2):
+    return x.new_empty([1], dtype=torch.float32)

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..library import dispatch as K
-from ..quantization import FP8GlobalState, RecipeState, scale_from_amax
+from ..quantization import FP8GlobalState, RecipeState
 
 
 def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
@@ -24,13 +24,11 @@ def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash
         scale = (rs.fwd_scale if forward else rs.bwd_scale)[slot]
         amax = (rs.fwd_amax if forward else rs.bwd_amax)[slot]
     elif torch.compiler.is_compiling():
-        # traced: the scale as a value of the graph, not written into the module's state
-        amax = x.abs().amax().float().reshape(1)
-        fp8_max = rs.fwd_max if forward else rs.bwd_max
-        scale = scale_from_amax(amax, torch.full_like(amax, fp8_max), rs.recipe.use_power_2_scales)
+        # traced: the scale as a value of the graph (same kernels as eager), not module state
+        scale = K.current_scale(x, rs.fwd_max if forward else rs.bwd_max, rs.recipe.use_power_2_scales)
         amax = None
     else:
-        scale, amax = rs.current_scale(x, forward, slot, K.compute_amax), None
+        scale, amax = rs.current_scale(x, forward, slot), None
     return scale, amax
 
 

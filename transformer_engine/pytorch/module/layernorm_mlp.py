@@ -2,9 +2,9 @@
 
 FP8 forward: norm straight to FP8 (delayed scaling), FC1 GEMM with the bias epilogue, the
 activation kernel writing FP8 (its amax recorded on the way), a 1-byte transpose for FC2's wgrad,
-FC2 GEMM with bias. Backward: FC2 dgrad with the dGELU + bias-grad epilogue for GELU (the fused
-dbias + dact kernel for the other plain activations), cast + transpose of that gradient, FC1
-dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue instead."""
+FC2 GEMM with bias. Backward: FC2 dgrad, then the fused dbias + dact kernel writing the FP8
+gradient (delayed scaling) and a 1-byte transpose, FC1 dgrad/wgrad, norm backward. High
+precision GELU runs FC1 with the GELU epilogue (its aux output is the saved pre-activation)."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -67,7 +67,9 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype):
 
 
 def _dact(act, da, h, b1_grad, dtype):
-    """(dh, db1) after FC2's dgrad `da` (for everything but GELU, whose epilogue did this)."""
+    """(dh, db1) from FC2's dgrad `da`: the fused dbias + dact kernel for plain activations
+    (one pass; cuBLASLt's dGELU + bias-grad epilogue runs as a separate, slower kernel after
+    the GEMM, so it is not used), dact then a column sum for the gated ones."""
     if act in GATED:
         dh = K.activation_backward(da, h, act)
         return dh, (dh.sum(0, dtype=torch.float32).to(dtype) if b1_grad else None)
@@ -75,17 +77,26 @@ def _dact(act, da, h, b1_grad, dtype):
     return dh, (db1 if b1_grad else None)
 
 
-def _fc2_dgrad_and_dact(ctx, w2_arg, w2_sinv, dyq, dy_sinv, h):
-    """d(FC1 output) and FC1's bias grad from FC2's output gradient (fp8 or high precision)."""
-    act, dtype = ctx.module.activation, ctx.dtype
-    fp8 = w2_sinv is not None
-    if act == "gelu":
-        kw = dict(A_scale_inv=w2_sinv, B_scale_inv=dy_sinv) if fp8 else {}
-        r = K.general_gemm(w2_arg, dyq, dtype, layout="TN" if fp8 else "NN", gelu_input=h,
-                             bias_grad=ctx.b1_grad, **kw)
-        return r.out, r.bias_grad
-    da = (_gemms.dgrad_fp8(w2_arg, w2_sinv, dyq, dy_sinv, dtype) if fp8 else _gemms.dgrad_hp(w2_arg, dyq))
-    return _dact(act, da, h, ctx.b1_grad, dtype)
+def _fc2_dgrad(ctx, w2_arg, w2_sinv, dyq, dy_sinv):
+    """FC2's input gradient (high precision) from the output gradient (fp8 or high precision)."""
+    if w2_sinv is not None:
+        return _gemms.dgrad_fp8(w2_arg, w2_sinv, dyq, dy_sinv, ctx.dtype)
+    return _gemms.dgrad_hp(w2_arg, dyq)
+
+
+def _dact_fp8(ctx, da, h, need_transpose):
+    """(dh fp8, dh_t fp8 or None, scale_inv, db1). Delayed scaling, plain activation: the
+    dbias + dact kernel writes FP8 directly (amax recorded), then a 1-byte transpose. Otherwise
+    high precision, then cast + transpose (current scaling needs dh's amax first)."""
+    rs, act = ctx.fi.rs, ctx.module.activation
+    if rs.delayed and act not in GATED:
+        scale, amax = cast_scale(rs, None, False, 1, None)
+        dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale, amax=amax)
+        dhq_t = transposed(dhq) if need_transpose else None
+        return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
+    dh, db1 = _dact(act, da, h, ctx.b1_grad, ctx.dtype)
+    dhq, dhq_t, dh_sinv = cast(rs, dh, False, 1, need_transpose)
+    return dhq, dhq_t, dh_sinv, db1
 
 
 class _LayerNormMLPFn(torch.autograd.Function):
@@ -130,10 +141,10 @@ class _LayerNormMLPFn(torch.autograd.Function):
         dw1 = dw2 = dln = None
         if ctx.fp8:
             dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need["w2"])
-            dh, db1 = _fc2_dgrad_and_dact(ctx, w2_t, w2_sinv, dyq, dy_sinv, h)
+            da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["w2"]:
                 dw2 = _gemms.wgrad_fp8(a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse)
-            dhq, dhq_t, dh_sinv = cast(fi.rs, dh, False, 1, need["w1"])
+            dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
             if need["w1"]:
@@ -141,7 +152,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
-            dh, db1 = _fc2_dgrad_and_dact(ctx, w2_t, None, dy, None, h)
+            dh, db1 = _dact(module.activation, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, dh, False, 1)
             if need["w2"]:
