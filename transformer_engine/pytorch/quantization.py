@@ -403,7 +403,7 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
         desc = [d for d in (s.update_desc(forward) for s in states) if d is not None]
         if desc:
             native.native_for_torch().delayed_scaling_update(
-                desc, code, float(recipe.margin), torch.cuda.current_stream(first.device).cuda_stream)
+                desc, code, float(recipe.margin), _raw_stream(first.device))
         return
     if forward:
         groups = [(s.amax_history_fwd, s.scale_fwd, s.scale_inv_fwd, s.fwd_max) for s in states]
@@ -416,3 +416,8 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}
+
+
+def _raw_stream(device):
+    from .module._fast import raw_stream
+    return raw_stream(device)

@@ -14,15 +14,32 @@ _CODE = native.DTYPE_CODE
 _AMAX_MOST_RECENT = 1
 
 
+_raw_stream_of_index = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_WORKSPACES: dict = {}
+
+
+def raw_stream(device: torch.device) -> int:
+    """The current stream's handle (torch's raw query: no Stream object is made)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream_of_index is not None:
+        return _raw_stream_of_index(index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class NativeCall:
     """The native module, stream and GEMM workspace of one module call."""
     __slots__ = ("mod", "stream", "ws_ptr", "ws_size", "device")
 
     def __init__(self, mod, device):
         self.mod, self.device = mod, device
-        self.stream = torch.cuda.current_stream(device).cuda_stream
-        ws = gemm_workspace(device)
-        self.ws_ptr, self.ws_size = ws.data_ptr(), ws.numel()
+        self.stream = raw_stream(device)
+        ws = _WORKSPACES.get(device)
+        if ws is None:
+            w = gemm_workspace(device)
+            ws = (w.data_ptr(), w.numel())
+            if not torch.cuda.is_current_stream_capturing():
+                _WORKSPACES[device] = ws
+        self.ws_ptr, self.ws_size = ws
 
 
 def native_call(x: torch.Tensor):

@@ -96,6 +96,9 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None
 
 
+_RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
+
+
 def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
     dx = dw = None
     dyq, dyq_t, dy_sinv = cast(ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
@@ -240,8 +243,12 @@ class Linear(TransformerEngineBaseModule):
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
         nc = _fast.native_call(inp) if _fast.usable(fi) else None
-        out = _LinearFn.apply(inp, weight, bias if add_bias_in_gemm else None, self, fi, dtype,
-                              is_first_microbatch, self.fuse_wgrad_accumulation, nc)
+        # eager native calls skip Function.apply's Python wrapper (its default-argument binding
+        # and functorch checks cost more host time than the rest of the call)
+        apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()
+                 else _LinearFn.apply)
+        out = apply(inp, weight, bias if add_bias_in_gemm else None, self, fi, dtype,
+                    is_first_microbatch, self.fuse_wgrad_accumulation, nc)
         if self.parallel_mode == "row":
             out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
             if bias is not None and not add_bias_in_gemm and not self.return_bias:
