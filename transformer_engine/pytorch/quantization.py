@@ -128,12 +128,7 @@ def _check_recipe(recipe, who):
 
 
 @contextlib.contextmanager
-def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
-             amax_reduction_group=None, _graph: bool = False):
-    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
-
-    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
-    outermost context exits."""
+def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
     if enabled or calibrating:
         recipe = _check_recipe(recipe, "autocast")
     s = FP8GlobalState
@@ -157,12 +152,19 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
                 step.bwd_done = True  # nothing will run backward (inference): no backward update
 
 
-@contextlib.contextmanager
+def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
+             amax_reduction_group=None, _graph: bool = False):
+    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
+
+    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
+    outermost context exits."""
+    return _autocast_context(enabled, calibrating, recipe, amax_reduction_group)
+
+
 def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
                  fp8_group=None, _graph: bool = False):
     """The older name of `autocast` (fp8_recipe -> recipe, fp8_group -> amax_reduction_group)."""
-    with autocast(enabled, calibrating, fp8_recipe, fp8_group, _graph):
-        yield
+    return _autocast_context(enabled, calibrating, fp8_recipe, fp8_group)
 
 
 @contextlib.contextmanager
