@@ -37,6 +37,9 @@ def main():
             if not common.selected(f"{case['family']} {case['name']} {shape}", args.filter):
                 continue
             pick = common.rotating(case["make"])
+            # A fresh dynamo state per case: peers built by one closure factory share a code
+            # object, and past the recompile limit (8) dynamo silently runs the peer eagerly.
+            torch._dynamo.reset()
             compiled = torch.compile(case["torch"], dynamic=False)
             row = {"family": case["family"], "name": case["name"], "shape": shape}
             for label, fn in (("te", case["te"]), ("eager", case["torch"]), ("compiled", compiled)):
