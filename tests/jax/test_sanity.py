@@ -2,8 +2,6 @@
 errors for bad input, jit and vmap, the autocast, and the issue's example (loss decreases)."""
 import os
 import runpy
-import subprocess
-import sys
 
 import numpy as np
 import pytest

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import jax.numpy as jnp
-
 from .dense import dense, fused_gelu_mlp
 from .primitives.activation import activation as _activation
 from .primitives.normalization import layernorm as _layernorm

@@ -8,7 +8,6 @@ import math
 from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from .. import fp8 as fp8_mod
@@ -123,7 +122,7 @@ class LayerNorm(nn.Module):
                          self.epsilon)
 
 
-def _norm_params(module, hidden, prefix=""):
+def _norm_params(module, hidden):
     init = module.scale_init or (nn.initializers.zeros if module.zero_centered_gamma
                                  else nn.initializers.ones)
     gamma = module.param("scale", init, (hidden,), module.dtype)

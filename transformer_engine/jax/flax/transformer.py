@@ -10,7 +10,6 @@ import math
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from ..attention import fused_attn

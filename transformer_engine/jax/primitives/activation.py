@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from .. import ops
 from ..ops.activation import ACTIVATIONS, GATED
-from .registry import f32, ffi, i64, native, query_descriptor, scalar1, sds, use_custom_call
+from .registry import ffi, i64, native, query_descriptor, scalar1, sds, use_custom_call
 
 _F32 = jnp.float32
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 from .. import ops
 from ...common import fp8_formats
-from .registry import empty, f32, ffi, i64, scalar1, sds, use_custom_call
+from .registry import f32, ffi, i64, scalar1, sds, use_custom_call
 
 _F32 = jnp.float32
 
@@ -65,5 +65,3 @@ def delayed_scaling_update(history, scale, fp8_max, algo="max", margin=0.0):
     return tuple(call(history, scale, fp8_max=f32(fp8_max), algo=i64(_ALGOS[algo]),
                       margin=f32(margin)))
 
-
-__all__ = ["quantize", "cast_transpose", "delayed_scaling_update", "empty"]

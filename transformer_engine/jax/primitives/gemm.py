@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from .. import ops
@@ -47,7 +48,6 @@ def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale
         return ops.general_gemm(A, B, out_dtype, **kwargs)
     # The reference validates everything (layout, dtypes, FP8 sizes) and yields the output
     # shapes without computing anything when traced abstractly; its checks raise here too.
-    import jax
     ref = jax.eval_shape(lambda a, b: ops.general_gemm(a, b, out_dtype, **kwargs), A, B)
     out_dtype = ref.out.dtype
     transa, transb = layout[0] == "T", layout[1] == "T"
