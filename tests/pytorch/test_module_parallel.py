@@ -1,0 +1,90 @@
+"""Tensor-parallel te.Linear (column / row, with and without sequence parallelism) against the
+unsplit layer, and the delayed-scaling amax reduction over the autocast's group: two CPU ranks
+in a gloo group (the collectives are torch.distributed's, so the same code runs over NCCL)."""
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, errors):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        sys.path.insert(0, ROOT)
+        _check_parallel(rank, world)
+        _check_amax_reduction(rank, world)
+        dist.destroy_process_group()
+    except Exception as exc:  # reported to the parent, which fails the test
+        errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
+
+
+def _check_parallel(rank, world):
+    import transformer_engine.pytorch as te
+    group = dist.new_group(list(range(world)))
+    gen = torch.Generator().manual_seed(0)
+    w_col, b_col = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    w_row, b_row = torch.randn(64, 96, generator=gen), torch.randn(64, generator=gen)
+    x, h = torch.randn(8, 64, generator=gen), torch.randn(8, 96, generator=gen)
+    for sp in (False, True):
+        col = te.Linear(64, 96, parallel_mode="column", tp_group=group, sequence_parallel=sp, device="cpu")
+        row = te.Linear(96, 64, parallel_mode="row", tp_group=group, sequence_parallel=sp, device="cpu")
+        assert col.weight.shape == (96 // world, 64) and row.weight.shape == (64, 96 // world)
+        with torch.no_grad():
+            col.weight.copy_(w_col.chunk(world, 0)[rank])
+            col.bias.copy_(b_col.chunk(world, 0)[rank])
+            row.weight.copy_(w_row.chunk(world, 1)[rank])
+            row.bias.copy_(b_row)
+        xi = (x.chunk(world, 0)[rank] if sp else x).clone().requires_grad_()
+        y = col(xi)
+        torch.testing.assert_close(y, (x @ w_col.T + b_col).chunk(world, 1)[rank], rtol=1e-5, atol=1e-5)
+        y.sum().backward()
+        # dL/dx of the full layer is sum over all output features: the column-parallel backward
+        # all-reduces (or reduce-scatters) the partial input gradients
+        full_dx = torch.ones(8, 96) @ w_col
+        torch.testing.assert_close(xi.grad, full_dx.chunk(world, 0)[rank] if sp else full_dx,
+                                   rtol=1e-5, atol=1e-4)
+        out = row(h.chunk(world, 1)[rank].contiguous())
+        expect = h @ w_row.T + b_row
+        torch.testing.assert_close(out, expect.chunk(world, 0)[rank] if sp else expect, rtol=1e-5, atol=1e-4)
+
+
+def _check_amax_reduction(rank, world):
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe
+    from transformer_engine.pytorch.ops.cast import fp8_max_of
+    group = dist.new_group(list(range(world)))
+    torch.manual_seed(1)
+    lin = te.Linear(32, 32, device="cpu")
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)
+    with te.fp8_autocast(fp8_recipe=recipe.DelayedScaling(amax_history_len=2), fp8_group=group):
+        lin(x)
+    amax = x.abs().max().reshape(1)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    rs = lin._fp8_state
+    expect = torch.tensor([fp8_max_of(rs.fwd_dtype)]) / amax
+    assert torch.equal(rs.scale_fwd[:1], expect), (rs.scale_fwd, expect)
+
+
+def test_tensor_parallel_linear_and_amax_reduction():
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    mp.start_processes(_worker, args=(2, _free_port(), errors), nprocs=2, start_method="spawn")
+    problems = []
+    while not errors.empty():
+        problems.append(errors.get())
+    assert not problems, "\n".join(problems)
