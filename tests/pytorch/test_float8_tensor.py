@@ -117,3 +117,21 @@ def test_fp8_weights_match_high_precision_and_train(device):
         losses.append(loss.item())
         assert isinstance(q.weight, te.Float8Tensor)
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_weights_survive_deepcopy_and_casts(device):
+    """deepcopy copies the FP8 data (not shared); .half()/.to(bf16) change the nominal dtype only."""
+    import copy
+    with te.fp8_model_init(enabled=True):
+        m = te.LayerNormMLP(64, 128, device=device)
+    twin = copy.deepcopy(m)
+    assert isinstance(twin.fc1_weight, te.Float8Tensor) and isinstance(twin.fc1_weight, torch.nn.Parameter)
+    assert twin.fc1_weight._data.data_ptr() != m.fc1_weight._data.data_ptr()
+    x = randn((16, 64), torch.float32, device, seed=7)
+    assert torch.equal(m(x), twin(x))
+    raw = m.fc2_weight._data.clone()
+    m.half()
+    assert isinstance(m.fc2_weight, te.Float8Tensor) and m.fc2_weight.dtype == torch.float16
+    assert torch.equal(m.fc2_weight._data.view(torch.uint8), raw.view(torch.uint8))
+    assert m(x.half()).dtype == torch.float16

@@ -90,6 +90,9 @@ class Float8Tensor(torch.Tensor):
             out = Float8Tensor(src._data, src._scale_inv, src.dtype)
             out._transpose_cache = src._transpose_cache
             return out
+        if func is aten.clone.default and isinstance(args[0], Float8Tensor):
+            src = args[0]
+            return Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
         if func is aten._to_copy.default and isinstance(args[0], Float8Tensor):
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype
