@@ -135,3 +135,15 @@ def test_fp8_weights_survive_deepcopy_and_casts(device):
     assert isinstance(m.fc2_weight, te.Float8Tensor) and m.fc2_weight.dtype == torch.float16
     assert torch.equal(m.fc2_weight._data.view(torch.uint8), raw.view(torch.uint8))
     assert m(x.half()).dtype == torch.float16
+
+
+def test_deferred_init_under_fp8_model_init():
+    """device='meta' defers the weights; to_empty + reset_parameters then stores them in FP8."""
+    with te.fp8_model_init(enabled=True):
+        m = te.Linear(64, 48, device="meta")
+    assert m.weight.is_meta
+    m = m.to_empty(device="cpu")
+    m.reset_parameters()
+    assert isinstance(m.weight, te.Float8Tensor) and isinstance(m.weight, torch.nn.Parameter)
+    assert 0.01 < float(m.weight.dequantize().std()) < 0.04  # the default init, std 0.023
+    assert m(randn((16, 64), torch.float32, "cpu")).shape == (16, 48)

@@ -109,6 +109,16 @@ class TransformerEngineBaseModule(torch.nn.Module):
         else:
             init(w)
 
+    def _quantize_deferred_weights(self) -> None:
+        """After deferred init (device='meta', to_empty, reset_parameters) under
+        quantized_model_init: store the GEMM weights as Float8Tensors, as an eager init would."""
+        if not self.primary_weights_in_fp8:
+            return
+        for name, p in list(self.named_parameters(recurse=False)):
+            if name.endswith("weight") and not name.startswith("layer_norm") and not isinstance(p, Float8Tensor):
+                setattr(self, name, torch.nn.Parameter(self._to_fp8_weight(p.detach()),
+                                                       requires_grad=p.requires_grad))
+
     def _to_fp8_weight(self, w: torch.Tensor) -> Float8Tensor:
         recipe = self._model_init_recipe or q.get_default_recipe()
         rs = q.RecipeState(recipe, w.device, 1, 0)

@@ -173,6 +173,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
                     self._init_weight(p)
                 else:
                     p.zero_()
+        self._quantize_deferred_weights()
 
     def _weight_and_bias(self):
         if self.splits is None:

@@ -249,6 +249,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             for b in (self.fc1_bias, self.fc2_bias):
                 if b is not None:
                     b.zero_()
+        self._quantize_deferred_weights()
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
         if inp.shape[-1] != self.hidden_size:

@@ -216,6 +216,7 @@ class Linear(TransformerEngineBaseModule):
                     self._init_weight(p)
                 else:
                     p.zero_()
+        self._quantize_deferred_weights()
 
     def _weight_and_bias(self):
         if self.splits is None:
