@@ -26,6 +26,7 @@ def _worker(rank, world, port, errors):
         sys.path.insert(0, ROOT)
         _check_parallel(rank, world)
         _check_amax_reduction(rank, world)
+        _check_distributed_checkpoint(rank, world)
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the test
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
@@ -76,6 +77,25 @@ def _check_amax_reduction(rank, world):
     rs = lin._fp8_state
     expect = torch.tensor([fp8_max_of(rs.fwd_dtype)]) / amax
     assert torch.equal(rs.scale_fwd[:1], expect), (rs.scale_fwd, expect)
+
+
+def _check_distributed_checkpoint(rank, world):
+    """distribute_saved_activations keeps 1/world of the input per rank and gathers it for the
+    recompute: gradients equal those of the plain run."""
+    import transformer_engine.pytorch as te
+    group = dist.new_group(list(range(world)))
+    torch.manual_seed(2)
+    mlp = te.LayerNormMLP(32, 64, device="cpu")
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for distribute in (False, True):
+        xi = x.clone().requires_grad_()
+        y = te.checkpoint(mlp, xi, distribute_saved_activations=distribute, tp_group=group)
+        y.sum().backward()
+        grads.append([xi.grad] + [p.grad.clone() for p in mlp.parameters()])
+        mlp.zero_grad()
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 def test_tensor_parallel_linear_and_amax_reduction():
