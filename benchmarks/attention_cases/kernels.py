@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformer_engine.pytorch.ops import attention as A
 
 SHAPES = [(4, 32, 4096, 128), (8, 16, 2048, 64), (1, 32, 16384, 128)]
-OURS = ("cudnn", "portable", "portable_fma")  # portable_fma: the FMA forward AMD builds run
+OURS = ("cudnn", "portable", "portable_fma")  # portable_fma: the FMA kernels AMD builds run
 PEERS = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -35,8 +35,9 @@ def _ours(label, causal, scale):
             return A.fused_attention_forward(q, k, v, **kw)
 
     def fwd_bwd(q, k, v, do):
-        out, lse, rng = fwd(q, k, v, do)
-        return A.fused_attention_backward(q, k, v, out, do, lse, rng, **kw)
+        with A.portable_kernel_variant(variant):
+            out, lse, rng = A.fused_attention_forward(q, k, v, **kw)
+            return A.fused_attention_backward(q, k, v, out, do, lse, rng, **kw)
     return fwd, fwd_bwd
 
 

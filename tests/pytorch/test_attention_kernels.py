@@ -104,7 +104,7 @@ def assert_close(got, want, dtype, scale=1.0, what=""):
                                msg=lambda m: f"{what}: {m}")
 
 
-# 'portable_fma' is the portable backend with its FMA forward: the kernels AMD builds run,
+# 'portable_fma' is the portable backend with its FMA kernels: the kernels AMD builds run,
 # checked here on NVIDIA too ('portable' takes the warp matrix units where the build maps them).
 BACKENDS = ["cudnn", "portable", "portable_fma"]
 
@@ -118,7 +118,8 @@ def _run_backend(backend, case, dtype):
     q, k, v, d_out, kw = make_inputs(case, dtype, "cuda")
     with A.portable_kernel_variant(variant):
         out, lse, rng = A.fused_attention_forward(q, k, v, backend=backend, **kw)
-    dq, dk, dv = A.fused_attention_backward(q, k, v, out, d_out, lse, rng, backend=backend, **kw)
+        dq, dk, dv = A.fused_attention_backward(q, k, v, out, d_out, lse, rng, backend=backend,
+                                                **kw)
     return (q, k, v, d_out, kw), (out, lse, dq, dk, dv)
 
 
