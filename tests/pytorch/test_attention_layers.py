@@ -5,7 +5,7 @@ KV-cache decoding (InferenceParams) against full-sequence attention.
 
 The reference blocks are written from the layer's documented structure with torch.nn.functional
 (layer_norm, linear, scaled_dot_product_attention, gelu/silu/relu), independent of our ops.
-CPU runs them in float32 (reference backend); the GPU in bfloat16 (native kernels).
+CPU runs them in float32 and bfloat16 (reference backend); the GPU in bfloat16 (native kernels).
 """
 import math
 
@@ -19,6 +19,7 @@ from utils import native_gpu_reason, randn, tols
 
 HAS_GPU = not native_gpu_reason()
 DEVICES = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
+           pytest.param("cpu", torch.bfloat16, id="cpu-bf16"),
            pytest.param("cuda", torch.bfloat16, id="cuda-bf16",
                         marks=pytest.mark.skipif(not HAS_GPU, reason=native_gpu_reason() or "ok"))]
 
@@ -242,11 +243,32 @@ def test_transformer_layer_matches_reference(name, device, dtype):
     got = torch.autograd.grad(out, [x] + params, grad)
     want = torch.autograd.grad(ref, [x] + params, grad)
     names = ["input"] + [n for n, _ in layer.named_parameters()]
+    by_name = dict(zip(names, want))
     for n, g_, w_ in zip(names, got, want):
         try:
-            close(g_, w_, dtype, 2 * roundings)
+            compare_grad(n, g_, w_, dtype, 2 * roundings, by_name)
         except AssertionError as exc:
             raise AssertionError(f"gradient of {n}: {exc}") from None
+
+
+def compare_grad(name, got, want, dtype, roundings, by_name):
+    """A key bias shifts every score of a row alike, so softmax ignores it: its exact gradient is
+    zero and both sides hold rounding noise, judged against the value bias's gradient. In bf16 a
+    ReLU/GELU input that rounds across zero flips its derivative at isolated elements, so bf16
+    gradients are compared as a whole (relative Frobenius norm) besides element-wise at a looser
+    bound."""
+    t = tols(dtype)
+    if name.endswith("key_bias"):
+        scale = by_name[name.replace("key_bias", "value_bias")].float().abs().max().item()
+        limit = roundings * t["rtol"] * scale + t["atol"]
+        assert got.float().abs().max().item() <= limit and want.float().abs().max().item() <= limit
+        return
+    if dtype == torch.float32:
+        close(got, want, dtype, roundings)
+        return
+    rel = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+    assert rel <= 4 * t["rtol"], f"relative norm error {rel:.4f} > {4 * t['rtol']}"
+    close(got, want, dtype, 2 * roundings)
 
 
 # ----- KV cache -----------------------------------------------------------------------------------
