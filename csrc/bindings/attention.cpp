@@ -49,7 +49,8 @@ struct OptTensor {
 void register_attention(py::module_& m) {
   // 0: auto (matrix units where mapped), 1: FMA only (the AMD code path); for tests.
   m.def("attention_set_portable_variant", [](int variant) {
-    check_status(nvte_attention_set_portable_variant(static_cast<NVTEAttnPortableVariant>(variant)));
+    check_status(
+        nvte_attention_set_portable_variant(static_cast<NVTEAttnPortableVariant>(variant)));
   });
   m.def("attention_backend_name", [](int backend) {
     return std::string(nvte_attention_backend_name(static_cast<NVTEAttnBackend>(backend)));
@@ -58,8 +59,8 @@ void register_attention(py::module_& m) {
   m.def("attention_support", [](int backend, const py::tuple& params, int device) {
     NVTEAttnParams p = params_from_tuple(params);
     NVTEStatus st = nvte_attention_support(static_cast<NVTEAttnBackend>(backend), &p, device);
-    return py::make_tuple(st == kNVTESuccess,
-                          st == kNVTESuccess ? std::string() : std::string(nvte_last_error_message()));
+    const std::string reason = st == kNVTESuccess ? std::string() : nvte_last_error_message();
+    return py::make_tuple(st == kNVTESuccess, reason);
   });
   m.def("attention_workspace_size", [](int backend, const py::tuple& params, bool is_backward,
                                        int device) {
@@ -93,7 +94,8 @@ void register_attention(py::module_& m) {
     NVTETensor qd = tensor_from_tuple(q), kd = tensor_from_tuple(k), vd = tensor_from_tuple(v);
     NVTETensor od = tensor_from_tuple(out), dod = tensor_from_tuple(d_out);
     NVTETensor ld = tensor_from_tuple(lse);
-    NVTETensor dqd = tensor_from_tuple(dq), dkd = tensor_from_tuple(dk), dvd = tensor_from_tuple(dv);
+    NVTETensor dqd = tensor_from_tuple(dq), dkd = tensor_from_tuple(dk);
+    NVTETensor dvd = tensor_from_tuple(dv);
     OptTensor cq(cu_q), ck(cu_kv);
     check_status(nvte_attention_backward(static_cast<NVTEAttnBackend>(backend), &p, &qd, &kd, &vd,
                                          &od, &dod, &ld, cq.get(), ck.get(), &dqd, &dkd, &dvd,

@@ -39,8 +39,15 @@ __global__ void __launch_bounds__(128) attention_delta_kernel(KernelArgs a) {
 }
 
 // Shared pieces of the two gradient kernels: one [BQ x BK] step of S, P, dP and dS.
+// 16-bit tiles are declared as raw uint16_t: a __shared__ array of a vendor half type with a
+// non-trivial constructor would be refused by some toolchains.
+template <typename T>
+__device__ __forceinline__ float smem_val(const uint16_t* s, int i) {
+  return to_float(reinterpret_cast<const T*>(s)[i]);
+}
+
 template <typename T, int D>
-struct BwdTiles {
+struct alignas(16) BwdTiles {
   static constexpr int B = kBwdTile;
   static constexpr int NT = kBwdThreads;
   static constexpr int CN = 4;
@@ -50,10 +57,10 @@ struct BwdTiles {
   static constexpr int DN = D / TX;
   static constexpr int LD = D + 2;
   static constexpr int LDP = B + 1;
-  T q[B * LD];
-  T d_o[B * LD];
-  T k[B * LD];
-  T v[B * LD];
+  uint16_t q[B * LD];
+  uint16_t d_o[B * LD];
+  uint16_t k[B * LD];
+  uint16_t v[B * LD];
   float p[B * LDP];
   float ds[B * LDP];
   float lse2[B];   // lse * log2(e), -inf for rows without a visible key
@@ -62,10 +69,12 @@ struct BwdTiles {
   // Loads query rows [q0, q0 + B) of head h (q, dO, lse, delta).
   __device__ void load_queries(const KernelArgs& a, const SeqGeom& g, int b, int h, int q0) {
     const int64_t head = int64_t(h) * D;
-    load_tile<T, B, D, LD, NT>(q, static_cast<const T*>(a.q) + g.q_base + head, a.q_tok_stride,
+    load_tile<T, B, D, LD, NT>(reinterpret_cast<T*>(q),
+                               static_cast<const T*>(a.q) + g.q_base + head, a.q_tok_stride, q0,
+                               g.lq);
+    load_tile<T, B, D, LD, NT>(reinterpret_cast<T*>(d_o),
+                               static_cast<const T*>(a.d_o) + g.q_base + head, a.q_tok_stride,
                                q0, g.lq);
-    load_tile<T, B, D, LD, NT>(d_o, static_cast<const T*>(a.d_o) + g.q_base + head,
-                               a.q_tok_stride, q0, g.lq);
     for (int r = threadIdx.x; r < B; r += NT) {
       const int i = q0 + r;
       const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
@@ -76,9 +85,11 @@ struct BwdTiles {
 
   __device__ void load_keys(const KernelArgs& a, const SeqGeom& g, int hk, int k0) {
     const int64_t head = int64_t(hk) * D;
-    load_tile<T, B, D, LD, NT>(k, static_cast<const T*>(a.k) + g.kv_base + head, a.kv_tok_stride,
+    load_tile<T, B, D, LD, NT>(reinterpret_cast<T*>(k),
+                               static_cast<const T*>(a.k) + g.kv_base + head, a.kv_tok_stride,
                                k0, g.lk);
-    load_tile<T, B, D, LD, NT>(v, static_cast<const T*>(a.v) + g.kv_base + head, a.kv_tok_stride,
+    load_tile<T, B, D, LD, NT>(reinterpret_cast<T*>(v),
+                               static_cast<const T*>(a.v) + g.kv_base + head, a.kv_tok_stride,
                                k0, g.lk);
   }
 
@@ -90,11 +101,11 @@ struct BwdTiles {
     zero(s);
     zero(dp);
     tile_fma<RM, CN, D>(
-        s, [&](int r, int d) { return to_float(q[(row0 + r) * LD + d]); },
-        [&](int d, int c) { return to_float(k[(tx + TX * c) * LD + d]); });
+        s, [&](int r, int d) { return smem_val<T>(q, (row0 + r) * LD + d); },
+        [&](int d, int c) { return smem_val<T>(k, (tx + TX * c) * LD + d); });
     tile_fma<RM, CN, D>(
-        dp, [&](int r, int d) { return to_float(d_o[(row0 + r) * LD + d]); },
-        [&](int d, int c) { return to_float(v[(tx + TX * c) * LD + d]); });
+        dp, [&](int r, int d) { return smem_val<T>(d_o, (row0 + r) * LD + d); },
+        [&](int d, int c) { return smem_val<T>(v, (tx + TX * c) * LD + d); });
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
       const int i = q0 + row0 + r;
@@ -140,10 +151,10 @@ __global__ void __launch_bounds__(kBwdThreads) attention_dkdv_kernel(KernelArgs 
       // rows of dk/dv are keys: a(r, i) reads column (key) row0 + r of the [query x key] tile
       tile_fma<RM, DN, B>(
           dv, [&](int r, int i) { return t.p[i * LDP + row0 + r]; },
-          [&](int i, int c) { return to_float(t.d_o[i * LD + tx + TX * c]); });
+          [&](int i, int c) { return smem_val<T>(t.d_o, i * LD + tx + TX * c); });
       tile_fma<RM, DN, B>(
           dk, [&](int r, int i) { return t.ds[i * LDP + row0 + r]; },
-          [&](int i, int c) { return to_float(t.q[i * LD + tx + TX * c]); });
+          [&](int i, int c) { return smem_val<T>(t.q, i * LD + tx + TX * c); });
     }
   }
   T* dkg = static_cast<T*>(a.dk) + g.kv_base + int64_t(hk) * D;
@@ -186,7 +197,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_dq_kernel(KernelArgs a)
     __syncthreads();
     tile_fma<RM, DN, B>(
         dq, [&](int r, int j) { return t.ds[(row0 + r) * LDP + j]; },
-        [&](int j, int c) { return to_float(t.k[j * LD + tx + TX * c]); });
+        [&](int j, int c) { return smem_val<T>(t.k, j * LD + tx + TX * c); });
   }
   T* dqg = static_cast<T*>(a.dq) + g.q_base + int64_t(h) * D;
 #pragma unroll

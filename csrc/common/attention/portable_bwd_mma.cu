@@ -88,7 +88,8 @@ __device__ __forceinline__ void store_rows(warp_mma::FragC (&acc)[D / 16], float
   if (row < valid) {
     T* out = base + int64_t(row) * tok_stride + lr.half * (D / 2);
 #pragma unroll 8
-    for (int c = 0; c < D / 2; ++c) out[c] = from_float<T>(scr[lr.r * SCR_D + lr.half * (D / 2) + c] * scale);
+    for (int c = 0; c < D / 2; ++c)
+      out[c] = from_float<T>(scr[lr.r * SCR_D + lr.half * (D / 2) + c] * scale);
   }
   warp_mma::sync_lanes();
 }

@@ -69,10 +69,15 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
   constexpr int LD = D + 2;
   constexpr int LDP = BK + 1;
   static_assert(TX <= 32 && RM * TY == BQ && DN * TX == D, "tile shape");
-  __shared__ T q_s[BQ * LD];
-  __shared__ T k_s[BK * LD];
-  __shared__ T v_s[BK * LD];
+  // 16-bit tiles as raw uint16_t: a __shared__ array of a vendor half type with a non-trivial
+  // constructor would be refused by some toolchains.
+  __shared__ __align__(16) uint16_t q_raw[BQ * LD];
+  __shared__ __align__(16) uint16_t k_raw[BK * LD];
+  __shared__ __align__(16) uint16_t v_raw[BK * LD];
   __shared__ float p_s[BQ * LDP];
+  T* q_s = reinterpret_cast<T*>(q_raw);
+  T* k_s = reinterpret_cast<T*>(k_raw);
+  T* v_s = reinterpret_cast<T*>(v_raw);
 
   const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   const int h = blockIdx.y, b = blockIdx.z;
