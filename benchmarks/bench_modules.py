@@ -150,10 +150,12 @@ def bench_steps(name, reps, with_compile):
 
 # ----- 2. host time ------------------------------------------------------------------------------
 
-def gpu_time_us(step, iters=50, sleep_cycles=400_000_000):
+def gpu_time_us(step, iters=20, sleep_cycles=400_000_000):
     """The GPU's own time per step: a busy-wait kernel holds the stream while the host queues
     `iters` steps behind it, so the steps then run back to back with no host gaps; the wait's
-    own duration (timed alone) is subtracted. 4e8 cycles (~0.2 s) outlast queueing 50 steps."""
+    own duration (timed alone) is subtracted. 4e8 cycles (~0.2 s) outlast queueing 20 steps, and
+    20 steps stay well inside the device's queue of pending launches (a full queue would block the
+    host and let gaps back in)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(sleep_cycles)
