@@ -27,6 +27,7 @@ def _worker(rank, world, port, errors):
         _check_parallel(rank, world)
         _check_amax_reduction(rank, world)
         _check_distributed_checkpoint(rank, world)
+        _check_norm_modules(rank, world)
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the test
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
@@ -96,6 +97,55 @@ def _check_distributed_checkpoint(rank, world):
         mlp.zero_grad()
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def _check_norm_modules(rank, world):
+    """LayerNormLinear (column) and LayerNormMLP (FC1 column, FC2 row) split over two ranks:
+    outputs, input gradients and every weight gradient equal the unsplit module's (parameters
+    marked `sequence_parallel` hold partial sums over sequence shards and are all-reduced, as a
+    training loop does; without sequence parallelism nothing is marked)."""
+    import transformer_engine.pytorch as te
+    group = dist.new_group(list(range(world)))
+    x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
+    for sp in (False, True):
+        for kind in ("LayerNormLinear", "LayerNormMLP"):
+            torch.manual_seed(5)
+            if kind == "LayerNormLinear":
+                full = te.LayerNormLinear(32, 48, device="cpu")
+                part = te.LayerNormLinear(32, 48, parallel_mode="column", tp_group=group,
+                                          sequence_parallel=sp, device="cpu")
+                splits = {"weight": 0, "bias": 0}
+            else:
+                full = te.LayerNormMLP(32, 64, device="cpu")
+                part = te.LayerNormMLP(32, 64, set_parallel_mode=True, tp_group=group,
+                                       sequence_parallel=sp, device="cpu")
+                splits = {"fc1_weight": 0, "fc1_bias": 0, "fc2_weight": 1}
+            with torch.no_grad():
+                for n, p in full.named_parameters():
+                    if n.startswith("layer_norm"):
+                        p.normal_(generator=torch.Generator().manual_seed(6))
+                    src = p if n not in splits else p.chunk(world, splits[n])[rank]
+                    getattr(part, n).copy_(src)
+            xa = x.clone().requires_grad_()
+            ya = full(xa)
+            ya.sum().backward()
+            xb = (x.chunk(world, 0)[rank] if sp else x).clone().requires_grad_()
+            yb = part(xb)
+            yb.sum().backward()
+            if kind == "LayerNormLinear":
+                expect_y = ya.detach().chunk(world, -1)[rank]
+            else:
+                expect_y = ya.detach().chunk(world, 0)[rank] if sp else ya.detach()
+            torch.testing.assert_close(yb, expect_y, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(xb.grad, xa.grad.chunk(world, 0)[rank] if sp else xa.grad,
+                                       rtol=1e-5, atol=1e-5)
+            for n, p in full.named_parameters():
+                g = getattr(part, n).grad
+                if getattr(getattr(part, n), "sequence_parallel", False):
+                    g = g.clone()
+                    dist.all_reduce(g, group=group)  # what the training loop does for SP params
+                expect = p.grad if n not in splits else p.grad.chunk(world, splits[n])[rank]
+                torch.testing.assert_close(g, expect, rtol=1e-5, atol=1e-5, msg=f"{kind} sp={sp} {n}")
 
 
 def test_tensor_parallel_linear_and_amax_reduction():

@@ -61,11 +61,8 @@ def _split_saved(t, tp_group):
 
 
 def _gather_saved(chunk, shape, tp_group):
-    import torch.distributed as dist
-    world, _ = _world(tp_group)
-    full = torch.empty(chunk.numel() * world, dtype=chunk.dtype, device=chunk.device)
-    dist.all_gather_into_tensor(full, chunk, group=tp_group)
-    return full.view(shape)
+    from .distributed import all_gather_first_dim
+    return all_gather_first_dim(chunk, tp_group).view(shape)
 
 
 class _CheckpointFunction(torch.autograd.Function):

@@ -44,3 +44,22 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
 def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg):
     """(dx, dgamma, dbeta or None)."""
     return K.norm_bwd(normalization == "RMSNorm", dz, x2d, mu, rsigma, gamma, zcg)
+
+
+def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp):
+    """The norm step of LayerNormLinear / LayerNormMLP with its tensor-parallel gather (see
+    _parallel.NormTP): (norm output on this rank's rows [high precision, or None when it was
+    written straight to FP8], GEMM input [FP8 data or high precision, all rows], its FP8
+    transpose or None, its scale_inv or None, mu, rsigma)."""
+    norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
+    if fp8 and not tp.gather:
+        ln_out, q, q_t, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0,
+                                                    need_transpose, keep_hp)
+        return ln_out, q, q_t, sinv, mu, rsigma
+    res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
+    full = tp.gather_rows(res.out)
+    if not fp8:
+        return res.out, full, None, None, res.mu, res.rsigma
+    # gathered rows are cast after the gather: every rank's rows with one scale
+    q, q_t, sinv = cast(fi.rs, full, True, 0, need_transpose, fi.replay, fi.record)
+    return res.out, q, q_t, sinv, res.mu, res.rsigma

@@ -43,3 +43,32 @@ def row_output(out, tp_group, tp_size, sequence_parallel):
     if sequence_parallel:
         return dist_te.reduce_scatter_along_first_dim(out, tp_group)
     return dist_te.reduce_from_tensor_parallel_region(out, tp_group)
+
+
+class NormTP:
+    """Tensor parallelism of a norm followed by a column-parallel GEMM (LayerNormLinear,
+    LayerNormMLP). The collectives sit between the norm and the GEMM, as in Megatron: with
+    sequence parallelism the norm runs on this rank's rows and its output is all-gathered, the
+    gradient reduce-scattered back; without it the norm runs on the full input and the gradient
+    of its output is all-reduced, so the norm's weight gradients are complete on every rank
+    (partial over sequence shards with sequence parallelism: those parameters are marked
+    `sequence_parallel` for the caller's all-reduce)."""
+    __slots__ = ("group", "size", "active", "gather")
+
+    def __init__(self, group, size, active, sequence_parallel):
+        self.group, self.size = group, size
+        self.active = active and size > 1
+        self.gather = self.active and sequence_parallel
+
+    def gather_rows(self, t):
+        return dist_te.all_gather_first_dim(t, self.group) if self.gather else t
+
+    def reduce_grad(self, dln):
+        if not self.active:
+            return dln
+        if self.gather:
+            return dist_te.reduce_scatter_first_dim(dln, self.group)
+        return dist_te.all_reduce(dln.contiguous(), self.group)
+
+
+NO_TP = NormTP(None, 1, False, False)

@@ -12,7 +12,7 @@ import torch
 from ..library import dispatch as K
 from . import _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
-from ._norm import check_normalization, norm_backward, norm_fp8, norm_hp, param_for
+from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from .linear import _split_names
 
@@ -28,24 +28,25 @@ class _LayerNormLinearFn(torch.autograd.Function):
         norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
         need_wgrad = weight.requires_grad
         need_dgrad = inp.requires_grad or ln_weight.requires_grad or (ln_bias is not None and ln_bias.requires_grad)
-        tokens = x2d.shape[0]
+        tp = module.norm_tp()
+        tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0
         if fp8:
             check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
-            ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_fp8(norm, x2d, g, b, eps, zcg, fi, 0,
-                                                               need_wgrad, return_ln_out)
+        ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
+            module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
+        if fp8:
             wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
-            y = _gemms.fprop_fp8(wq, w_sinv, lnq, ln_sinv, dtype, bias).out
-            ctx.save_for_backward(x2d, mu, rsigma, g, lnq_t, ln_sinv, wq_t, w_sinv)
+            y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
+            ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in_t, ln_sinv, wq_t, w_sinv)
         else:
-            res = norm_hp(norm, x2d, g, b, eps, zcg)
-            ln_out, mu, rsigma = res.out, res.mu, res.rsigma
             w = hp_weight(weight, dtype)
             if fi.calibrating:
-                record_amax(fi.rs, ln_out, True, 0)
+                record_amax(fi.rs, gemm_in, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            y = K.general_gemm(w, ln_out, layout="TN", bias=bias).out
-            ctx.save_for_backward(x2d, mu, rsigma, g, ln_out, None, w, None)
+            y = K.general_gemm(w, gemm_in, layout="TN", bias=bias).out
+            ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in, None, w, None)
+        ctx.tp = tp
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module = fp8, fi, dtype, module
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.has_bias_grad = bias is not None and bias.requires_grad
@@ -53,7 +54,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ctx.ln_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None)
         ctx.weight = weight if module.fuse_wgrad_accumulation else None
         ctx.shapes = (inp.shape, out_features, in_features)
-        y = y.view(*inp.shape[:-1], out_features)
+        y = y.view(-1, *inp.shape[1:-1], out_features)
         if return_ln_out:
             return y, ln_out.view(inp.shape)
         return y
@@ -85,6 +86,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             fi.step.backward_finished()
         dx = dgamma = dbeta = None
         if ctx.need_dgrad:
+            dln = ctx.tp.reduce_grad(dln)
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
@@ -155,6 +157,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
         if device.type != "meta":
             self._reset_norm()
 
+    def norm_tp(self):
+        if self.parallel_mode != "column" or self.tp_size == 1:
+            return _parallel.NO_TP
+        return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)
+
     def _reset_norm(self):
         with torch.no_grad():
             self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
@@ -188,8 +195,6 @@ class LayerNormLinear(TransformerEngineBaseModule):
             raise ValueError(f"LayerNormLinear: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.in_features} (in_features)")
         weight, bias = self._weight_and_bias()
-        if self.parallel_mode == "column":
-            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
         dtype = self.activation_dtype(inp)
         fi = self.fp8_call_info(inp.device)
         gemm_bias = bias if not self.return_bias else None

@@ -15,7 +15,7 @@ from ..library import dispatch as K
 from ..ops.activation import ACTIVATIONS, GATED
 from . import _gemms, _parallel
 from ._casts import cast, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
-from ._norm import check_normalization, norm_backward, norm_fp8, norm_hp, param_for
+from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED)
@@ -33,10 +33,10 @@ def _act_fp8(fi, h, activation, slot):
     return data, scale_inv
 
 
-def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need):
-    norm, eps, zcg, act = module.normalization, module.eps, module.zero_centered_gamma, module.activation
-    ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_fp8(norm, x2d, g, b, eps, zcg, fi, 0, need["w1"],
-                                                       module.return_layernorm_output)
+def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp):
+    act = module.activation
+    ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
+        module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
     aq, a_sinv = _act_fp8(fi, h, act, 2)
@@ -47,22 +47,21 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     return y, ln_out, saved
 
 
-def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype):
-    norm, eps, zcg, act = module.normalization, module.eps, module.zero_centered_gamma, module.activation
-    res = norm_hp(norm, x2d, g, b, eps, zcg)
-    ln_out, mu, rsigma = res.out, res.mu, res.rsigma
+def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp):
+    act = module.activation
+    ln_out, ln_full, _, _, mu, rsigma = norm_for_gemm(module, x2d, g, b, fi, False, False, True, tp)
     w1, w2 = hp_weight(w1, dtype), hp_weight(w2, dtype)
     if act == "gelu":
-        r = K.general_gemm(w1, ln_out, layout="TN", bias=b1, gelu=True)
+        r = K.general_gemm(w1, ln_full, layout="TN", bias=b1, gelu=True)
         a, h = r.out, r.gelu_input
     else:
-        h = K.general_gemm(w1, ln_out, layout="TN", bias=b1).out
+        h = K.general_gemm(w1, ln_full, layout="TN", bias=b1).out
         a = K.activation_forward(h, act)
     if fi.calibrating:
-        for slot, t in ((0, ln_out), (1, w1), (2, a), (3, w2)):
+        for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
     y = K.general_gemm(w2, a, layout="TN", bias=b2).out
-    saved = (x2d, mu, rsigma, g, ln_out, None, w1, None, h, a, None, w2, None)
+    saved = (x2d, mu, rsigma, g, ln_full, None, w1, None, h, a, None, w2, None)
     return y, ln_out, saved
 
 
@@ -108,15 +107,17 @@ class _LayerNormMLPFn(torch.autograd.Function):
         g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
         need = {"w1": w1.requires_grad, "w2": w2.requires_grad,
                 "dgrad": inp.requires_grad or ln_weight.requires_grad}
-        tokens = x2d.shape[0]
+        tp = module.norm_tp()
+        tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0
         if fp8:
             check_fp8_dims("LayerNormMLP", tokens, hidden, w1.shape[0], w2.shape[0], w2.shape[1])
             y, ln_out, saved = _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype,
-                                            is_first_microbatch, need)
+                                            is_first_microbatch, need, tp)
         else:
-            y, ln_out, saved = _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype)
+            y, ln_out, saved = _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp)
         ctx.save_for_backward(*saved)
+        ctx.tp = tp
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module, ctx.need = fp8, fi, dtype, module, need
         ctx.b1_grad = b1 is not None and b1.requires_grad
         ctx.b2_grad = b2 is not None and b2.requires_grad
@@ -124,7 +125,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                             b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
         ctx.weights = (w1, w2) if module.fuse_wgrad_accumulation else (None, None)
         ctx.shapes = (inp.shape, tuple(w1.shape), tuple(w2.shape))
-        y = y.view(*inp.shape[:-1], w2.shape[0])
+        y = y.view(-1, *inp.shape[1:-1], w2.shape[0])
         if module.return_layernorm_output:
             return y, ln_out.view(inp.shape)
         return y
@@ -167,6 +168,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
             db1 = db1.to(ctx.param_dtypes[2])
         dx = dgamma = dbeta = None
         if need["dgrad"]:
+            dln = ctx.tp.reduce_grad(dln)
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
@@ -222,16 +224,26 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.layer_norm_weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
         self.layer_norm_bias = (torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
                                 if normalization == "LayerNorm" else None)
+        for p in (self.layer_norm_weight, self.layer_norm_bias):
+            if p is not None:
+                p.sequence_parallel = self.sequence_parallel
         self.fc1_weight = self.make_weight((fc1_out, hidden_size), dt, device, self._init_weight)
         self.fc2_weight = self.make_weight((hidden_size, self.size_per_partition), dt, device,
                                            lambda w: self._init_weight(w, self.output_layer_init_method))
         self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
         self.fc2_bias = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dt, device=device)) if bias else None
+        if self.fc2_bias is not None:
+            self.fc2_bias.sequence_parallel = self.sequence_parallel  # added after the reduce-scatter
         if set_parallel_mode and self.tp_size > 1:
             _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc1_weight, True, 0, 1)
             _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
         if device.type != "meta":
             self._reset_norm()
+
+    def norm_tp(self):
+        if not (self.set_parallel_mode and self.tp_size > 1):
+            return _parallel.NO_TP
+        return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)
 
     def _reset_norm(self):
         with torch.no_grad():
@@ -256,8 +268,6 @@ class LayerNormMLP(TransformerEngineBaseModule):
             raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size} (hidden_size)")
         parallel = self.set_parallel_mode and self.tp_size > 1
-        if parallel:
-            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
         dtype = self.activation_dtype(inp)
         fi = self.fp8_call_info(inp.device)
         b2 = self.fc2_bias if not (self.return_bias or parallel) else None
