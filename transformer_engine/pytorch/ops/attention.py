@@ -21,6 +21,9 @@ Contract for the dispatcher (transformer_engine/pytorch/attention/, attn-py) -- 
                       max_seqlen_kv=None, attn_mask=None, return_lse=False) -> out [, lse]
                                    plain torch in fp32, accepts every configuration; it is the
                                    unfused backend's maths and the oracle of the tests.
+  portable_kernel_variant('auto' | 'fma')   context manager (tests, benchmarks): the portable
+                                   backend on the warp matrix units where the build maps them
+                                   (NVIDIA), or its FMA kernels (what AMD builds run).
 
 Layouts (q, k, v and out share one): 'bshd' [b, s, h, d], 'sbhd' [s, b, h, d], 'thd'
 [total_tokens, h, d] with cu_seqlens (int32 [b + 1], cumulative lengths, on q's device). Padding

@@ -7,9 +7,12 @@
  *   kNVTEAttnBackendCudnn     cuDNN's fused flash attention (graph API). NVIDIA builds only, and
  *                             only when cuDNN and its frontend headers were found at build time;
  *                             otherwise every call returns kNVTEUnsupported saying why.
- *   kNVTEAttnBackendPortable  the portable tiled online-softmax kernel of csrc/common/attention
+ *   kNVTEAttnBackendPortable  the portable tiled online-softmax kernels of csrc/common/attention
  *                             (one source, hipified for AMD): the AMD backend and the NVIDIA
  *                             fallback. float16/bfloat16, head dims 64 and 128 (q, k, v equal).
+ *                             Products on the warp matrix units where util/arch.h maps them
+ *                             (NVIDIA: wmma), FMA elsewhere (AMD, for now); see
+ *                             nvte_attention_set_portable_variant.
  *
  * ---- Layouts (qkv_format) --------------------------------------------------------------------
  *   BSHD [b, s, h, d];  SBHD [s, b, h, d];  THD [total_tokens, h, d] packed sequences given by
