@@ -79,17 +79,17 @@ class MultiheadAttention(torch.nn.Module):
             split = None if fuse_qkv_params else ("query_", "key_", "value_")
             if input_layernorm:
                 self.layernorm_qkv = LayerNormLinear(hidden_size, q_size + 2 * kv_size,
-                                                     parameters_split=_split(split, q_size, kv_size),
+                                                     parameters_split=_split(split, q_size // tp, kv_size // tp),
                                                      **column, **norm)
             else:
                 self.qkv = Linear(hidden_size, q_size + 2 * kv_size,
-                                  parameters_split=_split(split, q_size, kv_size), **column)
+                                  parameters_split=_split(split, q_size // tp, kv_size // tp), **column)
         else:
             if input_layernorm:
                 self.layernorm_query = LayerNormLinear(hidden_size, q_size, **column, **norm)
             else:
                 self.query_layer = Linear(hidden_size, q_size, **column)
-            split = None if fuse_qkv_params else {"key_": kv_size, "value_": kv_size}
+            split = None if fuse_qkv_params else {"key_": kv_size // tp, "value_": kv_size // tp}
             self.key_value = Linear(hidden_size, 2 * kv_size, parameters_split=split, **column)
         self.proj = Linear(q_size, hidden_size, init_method=output_layer_init_method,
                            parallel_mode="row" if set_parallel_mode else None,
@@ -186,6 +186,7 @@ class MultiheadAttention(torch.nn.Module):
 
 
 def _split(names, q_size, kv_size):
+    """parameters_split sizes of one tensor-parallel rank (the modules split out_features)."""
     if names is None:
         return None
     return dict(zip(names, (q_size, kv_size, kv_size)))
