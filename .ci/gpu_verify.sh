@@ -6,6 +6,12 @@
 #   bash .ci/gpu_verify.sh                       everything
 #   PYTEST_ARGS="tests/pytorch/test_quantize.py" BENCHES="benchmarks/bench_quantize.py" bash .ci/gpu_verify.sh
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
+#   SKIP_BUILD=1 ... use the package a previous call installed on this (still warm) machine
+#
+# The GPU machine has no internet: the header-only cudnn-frontend travels with the tree in the
+# git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
+# -d /tmp/fe && unzip -q /tmp/fe/*.whl 'include/*' -d .cudnn_fe; carry it in the device call).
+# The build looks for include/cudnn_frontend.h on sys.path, hence PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/te_gpu_out}
@@ -16,13 +22,18 @@ export PYTHONUNBUFFERED=1
 : > "$OUT/summary.txt"
 step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; printf '%-16s rc=%d %4ds\n' "$name" "$rc" $((SECONDS - t0)) >> "$OUT/summary.txt"; return $rc; }
 
-rm -rf build transformer_engine/*.so
-if [ "${SKIP_PIP:-0}" = 1 ]; then
+[ -f .cudnn_fe/include/cudnn_frontend.h ] && export PYTHONPATH=$PWD/.cudnn_fe${PYTHONPATH:+:$PYTHONPATH}
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+  PY="python3 -P"
+  (cd /tmp && python3 -m transformer_engine info) | tee "$OUT/info.txt"
+elif [ "${SKIP_PIP:-0}" = 1 ]; then
+  rm -rf build transformer_engine/*.so
   step build python3 -m build_tools.native_build --build-dir build/native --out transformer_engine > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  export PYTHONPATH=$PWD
+  export PYTHONPATH=$PWD:$PYTHONPATH
   PY="python3"
   python3 -m transformer_engine info | tee "$OUT/info.txt"
 else
+  rm -rf build transformer_engine/*.so
   step pip python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   # -P: import the installed package, not the source tree in the current directory
   PY="python3 -P"
