@@ -237,7 +237,8 @@ def bench_memory():
         print(f"memory {label:>15}: parameters {params_bytes / 2**20:.1f} MiB, fwd+bwd peak {peak / 2**20:.1f} MiB",
               flush=True)
         del m, x, dy
-    rows[1]["param_ratio"] = rows[1]["param_mib"] / rows[0]["param_mib"]
+    if rows[0]["param_mib"] > 0:
+        rows[1]["param_ratio"] = rows[1]["param_mib"] / rows[0]["param_mib"]
     return rows
 
 
@@ -250,14 +251,10 @@ def main():
 
     checks = []
     by_name = {r["module"]: r for r in step_rows}
-    checks.append(("LayerNormMLP fp8 (current) vs torch eager", by_name["LayerNormMLP"]["te_fp8_current_speedup_vs_eager"],
-                   BARS["LayerNormMLP_fp8"]))
-    checks.append(("LayerNormMLP fp8 (delayed) vs torch eager", by_name["LayerNormMLP"]["te_fp8_delayed_speedup_vs_eager"],
-                   BARS["LayerNormMLP_fp8"]))
-    checks.append(("Linear fp8 (current) vs torch eager", by_name["Linear"]["te_fp8_current_speedup_vs_eager"],
-                   BARS["Linear_fp8"]))
-    checks.append(("Linear fp8 (delayed) vs torch eager", by_name["Linear"]["te_fp8_delayed_speedup_vs_eager"],
-                   BARS["Linear_fp8"]))
+    for module, bar in (("LayerNormMLP", BARS["LayerNormMLP_fp8"]), ("Linear", BARS["Linear_fp8"])):
+        for scaling in ("current", "delayed"):
+            checks.append((f"{module} fp8 ({scaling}) vs torch eager",
+                           by_name[module][f"te_fp8_{scaling}_speedup_vs_eager"], bar))
     for r in step_rows:
         if "te_bf16_speedup_vs_compile" in r:
             checks.append((f"{r['module']} te bf16 vs torch.compile", r["te_bf16_speedup_vs_compile"],

@@ -112,8 +112,10 @@ def module_axes(module: str, device: str) -> tuple:
     core = {
         "Linear": ("dtype", "recipe", "shape", "bias", "skip", "microbatch") if full
         else ("dtype", "recipe", "shape", "bias"),
-        "LayerNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
-        "RMSNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full else ("dtype", "shape", "zero_centered_gamma"),
+        "LayerNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full
+        else ("dtype", "shape", "zero_centered_gamma"),
+        "RMSNorm": ("dtype", "shape", "zero_centered_gamma", "skip") if full
+        else ("dtype", "shape", "zero_centered_gamma"),
         "LayerNormLinear": ("dtype", "recipe", "shape", "normalization", "bias", "zero_centered_gamma", "skip")
         if full else ("dtype", "recipe", "shape", "normalization"),
         "LayerNormMLP": ("dtype", "recipe", "shape", "activation", "normalization", "bias") if full
@@ -148,7 +150,7 @@ def spread_cases(axes: dict, core: tuple, seed: str) -> list:
 
 def case_id(module: str, case: dict) -> str:
     parts = [module, case["dtype"], case["recipe"], case["shape"]]
-    for key, short in (("normalization", ""), ("activation", "")):
+    for key in ("normalization", "activation"):
         if key in case:
             parts.append(case[key])
     if case.get("bias") is False:
