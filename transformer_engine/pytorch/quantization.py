@@ -87,6 +87,15 @@ class _Step:
         if self.pending_backward <= 0 and not self.bwd_done:
             self.bwd_done = True
             _update_delayed(self.states, self.recipe, self.group, forward=False)
+            self.release_if_done()
+
+    def release_if_done(self):
+        """Drops the process group and the module states once both updates ran. Modules keep
+        the finished step as a marker (RecipeState.step_id); a group held through it would
+        outlive destroy_process_group and abort gloo at interpreter exit."""
+        if self.exited and self.bwd_done:
+            self.group = None
+            self.states = []
 
 
 class _FP8GlobalStateType:
@@ -150,6 +159,7 @@ def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
             _update_delayed(step.states, step.recipe, step.group, forward=True)
             if step.pending_backward <= 0 and step.states and not step.bwd_done:
                 step.bwd_done = True  # nothing will run backward (inference): no backward update
+            step.release_if_done()
 
 
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
