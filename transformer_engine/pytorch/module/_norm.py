@@ -17,9 +17,19 @@ def check_normalization(who, normalization):
 
 
 def param_for(w, x):
+    """gamma/beta as the kernels take them: in x's dtype or fp32 (16-bit params of an fp32 x are
+    cast)."""
     if w is None:
         return None
     return w if w.dtype in (x.dtype, torch.float32) else w.to(x.dtype)
+
+
+def reset_norm_params(weight, bias, zero_centered_gamma):
+    """gamma = 1 (stored as 0 with zero_centered_gamma), beta = 0."""
+    with torch.no_grad():
+        weight.fill_(0.0 if zero_centered_gamma else 1.0)
+        if bias is not None:
+            bias.zero_()
 
 
 def norm_hp(normalization, x2d, gamma, beta, eps, zcg):

@@ -6,12 +6,8 @@ from typing import Optional, Union
 import torch
 
 from .. import ops
+from ._norm import param_for, reset_norm_params
 from .base import default_device
-
-
-def _weight_for(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # the kernels take gamma/beta in x's dtype or fp32 (fp32 x with 16-bit params: cast them)
-    return w if w.dtype in (x.dtype, torch.float32) else w.to(x.dtype)
 
 
 class LayerNorm(torch.nn.Module):
@@ -35,9 +31,7 @@ class LayerNorm(torch.nn.Module):
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
-        with torch.no_grad():
-            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
-            self.bias.zero_()
+        reset_norm_params(self.weight, self.bias, self.zero_centered_gamma)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         if inp.shape[-1] != self.hidden_size:
@@ -47,5 +41,5 @@ class LayerNorm(torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         x = x.contiguous()
-        return ops.layernorm(x, _weight_for(self.weight, x), _weight_for(self.bias, x), self.eps,
+        return ops.layernorm(x, param_for(self.weight, x), param_for(self.bias, x), self.eps,
                              self.zero_centered_gamma)

@@ -12,7 +12,7 @@ import torch
 from ..library import dispatch as K
 from . import _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
-from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for
+from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from .linear import _split_names
 
@@ -163,10 +163,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)
 
     def _reset_norm(self):
-        with torch.no_grad():
-            self.layer_norm_weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
-            if self.layer_norm_bias is not None:
-                self.layer_norm_bias.zero_()
+        reset_norm_params(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:

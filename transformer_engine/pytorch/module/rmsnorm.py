@@ -7,7 +7,7 @@ import torch
 
 from .. import ops
 from .base import default_device
-from .layernorm import _weight_for
+from ._norm import param_for, reset_norm_params
 
 
 class RMSNorm(torch.nn.Module):
@@ -29,8 +29,7 @@ class RMSNorm(torch.nn.Module):
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
-        with torch.no_grad():
-            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+        reset_norm_params(self.weight, None, self.zero_centered_gamma)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         if inp.shape[-1] != self.hidden_size:
@@ -40,4 +39,4 @@ class RMSNorm(torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         x = x.contiguous()
-        return ops.rmsnorm(x, _weight_for(self.weight, x), self.eps, self.zero_centered_gamma)
+        return ops.rmsnorm(x, param_for(self.weight, x), self.eps, self.zero_centered_gamma)
