@@ -14,7 +14,7 @@ from . import _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
-from .linear import _split_names
+from .linear import _split_names, split_weight_and_bias
 
 
 class _LayerNormLinearFn(torch.autograd.Function):
@@ -180,11 +180,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         self._quantize_deferred_weights()
 
     def _weight_and_bias(self):
-        if self.splits is None:
-            return self.weight, self.bias
-        ws = [getattr(self, p + "weight") for p, _ in self.splits]
-        bs = [getattr(self, p + "bias") for p, _ in self.splits] if self.use_bias else None
-        return torch.cat(ws, 0), (torch.cat(bs, 0) if bs is not None else None)
+        return split_weight_and_bias(self)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False):

@@ -145,6 +145,16 @@ def _split_names(parameters_split, out_features):
     return [(n if n.endswith("_") else n + "_", r) for n, r in items]
 
 
+def split_weight_and_bias(module):
+    """(weight, bias) of a module whose parameters may be split by name (parameters_split): the
+    parts concatenated along the output rows."""
+    if module.splits is None:
+        return module.weight, module.bias
+    ws = [getattr(module, p + "weight") for p, _ in module.splits]
+    bs = [getattr(module, p + "bias") for p, _ in module.splits] if module.use_bias else None
+    return torch.cat(ws, 0), (torch.cat(bs, 0) if bs is not None else None)
+
+
 class Linear(TransformerEngineBaseModule):
     """Applies y = x W^T + b, with FP8 GEMMs inside `te.autocast`."""
     fp8_slots = (2, 1)  # forward: input, weight; backward: output gradient
@@ -219,11 +229,7 @@ class Linear(TransformerEngineBaseModule):
         self._quantize_deferred_weights()
 
     def _weight_and_bias(self):
-        if self.splits is None:
-            return self.weight, self.bias
-        ws = [getattr(self, p + "weight") for p, _ in self.splits]
-        bs = [getattr(self, p + "bias") for p, _ in self.splits] if self.use_bias else None
-        return torch.cat(ws, 0), (torch.cat(bs, 0) if bs is not None else None)
+        return split_weight_and_bias(self)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
