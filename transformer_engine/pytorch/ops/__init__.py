@@ -2,6 +2,7 @@
 from .cast import (  # noqa: F401
     cast_transpose, compute_amax, dequantize, dequantize_reference, quantize, quantize_reference,
     transpose)
+from .cast_fused import act_cast_transpose, cast_transpose_dbias, dact_dbias_cast_transpose  # noqa: F401
 from .scaling import delayed_scaling_update, delayed_scaling_update_reference  # noqa: F401
 from .gemm import GemmOutput, gemm_reference, general_gemm  # noqa: F401
 from .activation import activation_backward, activation_forward, apply_activation, dbias_dactivation  # noqa: F401,E501

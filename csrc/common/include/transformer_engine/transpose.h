@@ -9,10 +9,36 @@
  * needs both the row-major and the transposed FP8 copy: cast_transpose makes the two in one pass
  * over the input. The row-major and transposed outputs share scale, scale_inv and amax, which
  * are taken from `output`. Tensors with more than two dims are viewed as [prod(leading), last].
+ *
+ * Fusions of cast_transpose (one read of each input; FP8 outputs only; `output` may have any
+ * shape with rows * cols elements, `output_t` is [cols, rows]; q, amax and scale_inv as above,
+ * amax taken over the unscaled fp32 values v that are quantized):
+ *
+ *   cast_transpose_dbias:  v = in;  dbias[c] = sum_r in[r, c]
+ *   act_cast_transpose:    v = act(in)                       in [rows, cols]
+ *   gated_act_cast_transpose:
+ *                          v = act(a) * b,  a = in[r, c], b = in[r, N + c]
+ *                                                            in [rows, 2N], v [rows, N]
+ *   dact_dbias_cast_transpose:
+ *                          v = grad * act'(act_input)        grad, act_input [rows, cols]
+ *   dgated_act_dbias_cast_transpose:
+ *                          v[r, c] = grad[r, c] * b * act'(a),  v[r, N + c] = grad[r, c] * act(a)
+ *                                                            grad [rows, N], act_input [rows, 2N]
+ *   and for the dbias forms dbias[c] = sum_r v[r, c] ([cols]; [2N] for the gated form).
+ *
+ * Activations are those of activation.h (same formulas, computed the same way: a fused result
+ * is bit-identical to nvte_activation / nvte_dactivation with an FP8 output followed by a
+ * transpose). Inputs are float32, float16 or bfloat16 (grad in act_input's dtype); dbias is
+ * float32, float16 or bfloat16, summed in fp32 from the unrounded v. The dbias column sums go
+ * through a caller-provided fp32 workspace, with the protocol of nvte_dbias_dactivation: call
+ * once with a zeroed workspace descriptor (data NULL, ndim 0) to get its shape and dtype written
+ * into it (nothing runs), allocate it, call again. In the two backward forms dbias may be NULL
+ * (no bias gradient; workspace is then ignored and may be NULL). Empty tensors are accepted.
  */
 #ifndef TRANSFORMER_ENGINE_TRANSPOSE_H_
 #define TRANSFORMER_ENGINE_TRANSPOSE_H_
 
+#include "transformer_engine/activation.h"
 #include "transformer_engine/transformer_engine.h"
 
 #ifdef __cplusplus
@@ -23,6 +49,27 @@ NVTEStatus nvte_transpose(const NVTETensor* input, NVTETensor* output, NVTEStrea
 
 NVTEStatus nvte_cast_transpose(const NVTETensor* input, NVTETensor* output,
                                NVTETensor* output_t, NVTEStream stream);
+
+NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETensor* output,
+                                     NVTETensor* output_t, NVTETensor* dbias,
+                                     NVTETensor* workspace, NVTEStream stream);
+
+NVTEStatus nvte_act_cast_transpose(NVTEActivation act, const NVTETensor* input,
+                                   NVTETensor* output, NVTETensor* output_t, NVTEStream stream);
+
+NVTEStatus nvte_gated_act_cast_transpose(NVTEActivation act, const NVTETensor* input,
+                                         NVTETensor* output, NVTETensor* output_t,
+                                         NVTEStream stream);
+
+NVTEStatus nvte_dact_dbias_cast_transpose(NVTEActivation act, const NVTETensor* grad,
+                                          const NVTETensor* act_input, NVTETensor* output,
+                                          NVTETensor* output_t, NVTETensor* dbias,
+                                          NVTETensor* workspace, NVTEStream stream);
+
+NVTEStatus nvte_dgated_act_dbias_cast_transpose(NVTEActivation act, const NVTETensor* grad,
+                                                const NVTETensor* act_input, NVTETensor* output,
+                                                NVTETensor* output_t, NVTETensor* dbias,
+                                                NVTETensor* workspace, NVTEStream stream);
 
 #ifdef __cplusplus
 }

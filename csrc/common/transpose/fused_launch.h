@@ -1,0 +1,44 @@
+// Host-side interface between the C entry points of the fused cast+transpose ops
+// (cast_transpose.cu, act_cast_transpose.cu) and the per-activation instantiation files
+// (act_cast_transpose_gelu.cu, ...), so each activation's kernels compile in their own
+// translation unit while the argument checks live once.
+#pragma once
+
+#include <stdint.h>
+
+#include "transformer_engine/activation.h"
+
+namespace te {
+namespace tile_transpose {
+
+enum class ActKind { kForward, kGatedForward, kBackward, kGatedBackward };
+
+// rows x cols is the shape of the FP8 result: for the gated forward cols = N (input [rows, 2N]),
+// for the gated backward cols = 2N (grad [rows, N], input [rows, 2N]).
+struct ActTransposeArgs {
+  ActKind kind;
+  const void* grad;  // backward kinds only
+  const void* input;
+  void* output;
+  void* output_t;
+  int64_t rows, cols;
+  NVTEDType in_dtype, out_dtype;
+  const float* scale;
+  float* amax;
+  float* scale_inv;
+  float* partial;  // backward kinds: [fp8_row_tiles(rows), cols] fp32 column sums, or null
+  NVTEStream stream;
+};
+
+template <NVTEActivation A> void launch_act_cast_transpose(const ActTransposeArgs& args);
+
+// Rows of the dbias workspace [dbias_workspace_rows(rows), cols] fp32.
+int64_t dbias_workspace_rows(int64_t rows);
+
+// The workspace protocol of the dbias ops: a zeroed descriptor (data NULL, ndim 0) is a size
+// query, answered by writing its shape and dtype (returns true: nothing else may run);
+// otherwise the workspace is checked against the size the shape needs (returns false).
+bool dbias_workspace_query(NVTETensor* workspace, int64_t rows, int64_t cols);
+
+}  // namespace tile_transpose
+}  // namespace te

@@ -1,0 +1,267 @@
+// The one tile engine of the transpose family: a [rows, cols] row-major result written row-major
+// and transposed in one pass, for the plain transpose, the FP8 cast+transpose and its fusions
+// (dbias, activation, activation backward).
+//
+// A block owns a tile of kDim x kDim elements, kDim = 8 * kSeg where kSeg = 16 / sizeof(OutT)
+// (the elements of one 16-byte output access). Phase 1 reads each row of the tile as 8 segments
+// of kSeg elements, converts them, writes the row-major output directly and parks the converted
+// segment in shared memory. Phase 2 reads kSeg consecutive rows of one column from shared memory
+// and writes them as one 16-byte access of the transposed output.
+//
+// Shared memory is swizzled at 16-byte granularity: segment s of row r lives in chunk
+// s ^ ((r / kSeg) % 8). In phase 2 the 8 threads that write one 128-byte run of a transposed row
+// read the same column in 8 different row groups, which the swizzle spreads over 8 different
+// bank groups instead of one.
+//
+// What an element of the result is comes from a Producer (see the producers below): the plain
+// copy, a cast of one input, act(x), dact(grad, x) and their gated forms. The engine owns the
+// tiling, the bounds, the FP8 scaling and amax, and optionally one row of fp32 column sums per
+// row of tiles (the first stage of a dbias reduction).
+#pragma once
+
+#include "util/device_utils.cuh"
+#include "util/tensor.h"
+
+namespace te {
+namespace tile_transpose {
+
+constexpr int kThreads = 256;
+constexpr int kSegsPerRow = 8;  // 8 x 16 bytes: a 128-byte row of output per tile row
+
+template <typename OutT>
+struct Tile {
+  static constexpr int kSeg = 16 / sizeof(OutT);
+  static constexpr int kDim = kSegsPerRow * kSeg;
+  static constexpr int kRowsPerPass = kThreads / kSegsPerRow;  // 32
+  static constexpr int kPasses = kDim / kRowsPerPass;            // kSeg / 4
+  static_assert(kPasses >= 1, "element type too wide for this tile");
+};
+
+// Rows of tiles of an FP8 result, i.e. the rows of the dbias workspace [row_tiles, cols].
+inline int64_t fp8_row_tiles(int64_t rows) {
+  constexpr int64_t kDim = Tile<fp8e4m3>::kDim;
+  return (rows + kDim - 1) / kDim;
+}
+
+// Resident blocks per SM: several keep loads in flight while other blocks are in their
+// shared-memory phase. Three (an 80-register cap) for the plain copy and cast; two for variants
+// with more inputs or column sums, which spill under the tighter cap.
+template <class Producer, bool kSums>
+constexpr int min_blocks_per_sm() {
+  return Producer::kInputs == 1 && !kSums ? 3 : 2;
+}
+
+// Passes of phase 1 whose loads are issued together: all of them for a one-input producer, so
+// that up to 256 bytes per thread are in flight; fewer for producers reading two or three
+// inputs or keeping column sums, whose loads would otherwise not fit the register cap.
+template <class Producer, bool kSums, int kSeg, int kPasses>
+constexpr int load_group() {
+  constexpr int kBytesPerPass = Producer::kInputs * kSeg * int(sizeof(typename Producer::InT));
+  constexpr int kBudget = Producer::kInputs == 1 && !kSums ? 256 : 128;
+  constexpr int g = kBudget / kBytesPerPass;
+  return g < 1 ? 1 : (g > kPasses ? kPasses : g);
+}
+
+// ----- producers -------------------------------------------------------------------------------
+// A producer reads kInputs tensors of InT and defines each element of the result:
+//   load_seg(v, r, c)    loads what the kSeg elements at result columns c .. c+kSeg-1 of row r
+//                        need (vector path: the segment is inside and 16-byte aligned);
+//   load_one(v, k, r, c) element k of a segment, at result column c (scalar path);
+//   value(v, k, c)       the fp32 result of element k. On the vector path c is the column of
+//                        the segment's first element (producers whose formula depends on the
+//                        column need their boundary to be a multiple of kSeg there);
+//   vector_ok(seg)       (host) whether the inputs allow the vector path with seg-element
+//                        segments (pointer alignment, widths).
+
+// Result = the input itself (transpose, cast+transpose, cast+transpose+dbias).
+template <typename T>
+struct CopyProducer {
+  using InT = T;
+  static constexpr int kInputs = 1;
+  const T* x;
+  int64_t cols;
+  template <int N> __device__ void load_seg(Vec<T, N> (&v)[kInputs], int64_t r, int64_t c) const {
+    v[0].load(x + r * cols + c);
+  }
+  template <int N>
+  __device__ void load_one(Vec<T, N> (&v)[kInputs], int k, int64_t r, int64_t c) const {
+    v[0].v[k] = x[r * cols + c];
+  }
+  template <int N> __device__ float value(const Vec<T, N> (&v)[kInputs], int k, int64_t) const {
+    return to_float(v[0].v[k]);
+  }
+  bool vector_ok(int) const { return aligned16(x); }
+};
+
+// ----- the kernel ------------------------------------------------------------------------------
+// kCast: out = fp8(value * scale) with amax; otherwise out = the input's bits (copy producer,
+// InT == OutT). kAligned: rows, cols are multiples of kSeg and pointers 16-byte aligned, so every
+// segment is either wholly inside the tensor or wholly outside and moves as one vector.
+// kSums: one fp32 column sum of the unrounded values per column and row of tiles goes to
+// partial[row_tile, col] (skipped when partial is null).
+template <class Producer, typename OutT, bool kCast, bool kAligned, bool kSums>
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<Producer, kSums>()))
+tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restrict__ out_t,
+                      int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
+                      float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr,
+                      float* __restrict__ partial) {
+  using T = Tile<OutT>;
+  using InT = typename Producer::InT;
+  constexpr int kSeg = T::kSeg;
+  constexpr int kIn = Producer::kInputs;
+  constexpr int kGroup = load_group<Producer, kSums, kSeg, T::kPasses>();
+  static_assert(T::kPasses % kGroup == 0, "load groups must tile the passes");
+  constexpr int kWarps = kThreads / TE_WARP_SIZE;
+  __shared__ alignas(16) OutT smem[T::kDim][T::kDim];
+  __shared__ float scratch[kThreads / TE_LOGICAL_WARP_SIZE + 1];
+  __shared__ float col_sums[kSums ? kWarps : 1][kSums ? T::kDim : 1];
+
+  const int64_t col_tiles = cols > 0 ? (cols + T::kDim - 1) / T::kDim : 1;
+  const int64_t row_tile = blockIdx.x / col_tiles;
+  const int64_t row0 = row_tile * T::kDim;
+  const int64_t col0 = (blockIdx.x % col_tiles) * T::kDim;
+  const int seg = threadIdx.x % kSegsPerRow;
+  float scale = 1.f;
+  if (kCast) {
+    scale = *scale_ptr;
+    if (scale_inv_ptr != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv_ptr = 1.f / scale;
+  }
+  float amax = 0.f;
+  float sums[kSums ? kSeg : 1];
+#pragma unroll
+  for (int k = 0; k < (kSums ? kSeg : 1); ++k) sums[k] = 0.f;
+
+  // Phase 1, kGroup passes at a time: all loads of a group first, so they are in flight together.
+#pragma unroll
+  for (int p0 = 0; p0 < T::kPasses; p0 += kGroup) {
+    Vec<InT, kSeg> x[kGroup][kIn];
+#pragma unroll
+    for (int q = 0; q < kGroup; ++q) {
+      const int r = (p0 + q) * T::kRowsPerPass + threadIdx.x / kSegsPerRow;
+      const int64_t gr = row0 + r, gc = col0 + seg * kSeg;
+      if (kAligned) {
+        if (gr < rows && gc < cols) prod.load_seg(x[q], gr, gc);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kSeg; ++k)
+          if (gr < rows && gc + k < cols) prod.load_one(x[q], k, gr, gc + k);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kGroup; ++q) {
+      const int r = (p0 + q) * T::kRowsPerPass + threadIdx.x / kSegsPerRow;
+      const int64_t gr = row0 + r, gc = col0 + seg * kSeg;
+      Vec<OutT, kSeg> y;
+#pragma unroll
+      for (int k = 0; k < kSeg; ++k) {
+        if constexpr (kCast) {
+          const float f = prod.value(x[q], k, kAligned ? gc : gc + k);
+          const bool inside = kAligned ? (gr < rows && gc < cols) : (gr < rows && gc + k < cols);
+          if (inside) {
+            amax = amax_step(amax, f);
+            if constexpr (kSums) sums[k] += f;
+          }
+          y.v[k] = from_float<OutT>(f * scale);
+        } else {
+          y.v[k] = x[q][0].v[k];
+        }
+      }
+      const int chunk = seg ^ ((r / kSeg) % kSegsPerRow);
+      y.store(&smem[r][chunk * kSeg]);
+      OutT* dst = out == nullptr ? nullptr : out + gr * cols + gc;
+      if (dst != nullptr) {
+        if (kAligned) {
+          if (gr < rows && gc < cols) y.store(dst);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kSeg; ++k)
+            if (gr < rows && gc + k < cols) dst[k] = y.v[k];
+        }
+      }
+    }
+  }
+
+  // Column sums: the threads of one segment are every 8th lane, so a butterfly over lane
+  // distances 8, 16, ... sums a warp's rows; one row per warp then goes to shared memory.
+  if constexpr (kSums) {
+    if (partial != nullptr) {  // uniform across the block
+#pragma unroll
+      for (int k = 0; k < kSeg; ++k)
+#pragma unroll
+        for (int d = kSegsPerRow; d < TE_WARP_SIZE; d *= 2) sums[k] += warp_shfl_xor(sums[k], d);
+      const int lane = threadIdx.x % TE_WARP_SIZE;
+      if (lane < kSegsPerRow) {
+#pragma unroll
+        for (int k = 0; k < kSeg; ++k) col_sums[threadIdx.x / TE_WARP_SIZE][lane * kSeg + k] = sums[k];
+      }
+    }
+  }
+  __syncthreads();
+
+  // Phase 2: thread (group g = tid % 8, column c) gathers rows g*kSeg .. g*kSeg+kSeg-1.
+  const int g = threadIdx.x % kSegsPerRow;
+#pragma unroll
+  for (int p = 0; p < T::kPasses; ++p) {
+    const int c = p * T::kRowsPerPass + threadIdx.x / kSegsPerRow;
+    const int chunk = (c / kSeg) ^ g;
+    Vec<OutT, kSeg> y;
+#pragma unroll
+    for (int k = 0; k < kSeg; ++k) y.v[k] = smem[g * kSeg + k][chunk * kSeg + c % kSeg];
+    const int64_t gc = col0 + c, gr = row0 + g * kSeg;
+    OutT* dst = out_t + gc * rows + gr;
+    if (kAligned) {
+      if (gc < cols && gr < rows) y.store(dst);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kSeg; ++k)
+        if (gc < cols && gr + k < rows) dst[k] = y.v[k];
+    }
+  }
+
+  if constexpr (kSums) {
+    if (partial != nullptr) {
+      for (int c = threadIdx.x; c < T::kDim; c += kThreads) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += col_sums[w][c];
+        if (col0 + c < cols) partial[row_tile * cols + col0 + c] = s;
+      }
+    }
+  }
+
+  if (kCast && amax_ptr != nullptr) {
+    amax = block_reduce_max(amax, scratch);
+    if (threadIdx.x == 0) atomic_max_nonneg(amax_ptr, amax);
+  }
+}
+
+// Launches the kernel over the [rows, cols] result. `partial` (kSums only) is null or
+// [fp8_row_tiles(rows), cols] fp32.
+template <class Producer, typename OutT, bool kCast, bool kSums>
+void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, int64_t cols,
+                  const float* scale, float* amax, float* scale_inv, float* partial,
+                  cudaStream_t stream) {
+  using T = Tile<OutT>;
+  const int64_t tiles = ((rows + T::kDim - 1) / T::kDim) * ((cols + T::kDim - 1) / T::kDim);
+  TE_CHECK_ARG(tiles < (int64_t(1) << 31), "tensor of ", rows, " x ", cols, " is too large");
+  if (tiles == 0) {
+    // An empty tensor still gets its scale_inv written; the one block touches no data.
+    if (kCast)
+      tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<1, kThreads, 0, stream>>>(
+          prod, out, out_t, 0, 0, scale, amax, scale_inv, nullptr);
+    check_launch("tile_transpose_kernel");
+    return;
+  }
+  const bool aligned = rows % T::kSeg == 0 && cols % T::kSeg == 0 && prod.vector_ok(T::kSeg) &&
+                       aligned16(out_t) && (out == nullptr || aligned16(out));
+  if (aligned)
+    tile_transpose_kernel<Producer, OutT, kCast, true, kSums><<<unsigned(tiles), kThreads, 0, stream>>>(
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
+  else
+    tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<unsigned(tiles), kThreads, 0, stream>>>(
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
+  check_launch("tile_transpose_kernel");
+}
+
+}  // namespace tile_transpose
+}  // namespace te
