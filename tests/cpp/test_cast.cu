@@ -120,3 +120,191 @@ TE_TEST(bad_input_returns_status_and_message) {
   TE_EXPECT(nvte_quantize(&wrong, &o16, nullptr) == kNVTEInvalidArgument, "int32 input accepted");
   TE_EXPECT(std::strstr(nvte_last_error_message(), "int32") != nullptr, "%s", nvte_last_error_message());
 }
+
+// ----- fused cast+transpose (cast_transpose_dbias, act_/dact_ forms) --------------------------
+// Relu and squared relu are exact in fp32 on both sides, so the host loop below predicts every
+// FP8 byte; dbias is compared with a double-precision column sum.
+
+namespace {
+
+float host_srelu(float x) { return x > 0.f ? x * x : 0.f; }
+float host_srelu_deriv(float x) { return x > 0.f ? 2.f * x : 0.f; }
+
+// Checks out [rows, cols] and out_t [cols, rows] against fp8(v * scale), amax, scale_inv and
+// (when given) dbias against column sums of v.
+void expect_fused_result(const char* what, const std::vector<float>& v, int64_t rows, int64_t cols,
+                         float scale_v, bool e4m3, const DeviceBuffer<uint8_t>& out,
+                         const DeviceBuffer<uint8_t>& out_t, const DeviceBuffer<float>& amax,
+                         const DeviceBuffer<float>& scale_inv, const DeviceBuffer<float>* dbias) {
+  TE_EXPECT(cuda_ok(), "sync");
+  auto got = out.download(), got_t = out_t.download();
+  float want_amax = 0.f;
+  int bad = 0;
+  std::vector<double> sums(size_t(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = v[size_t(r * cols + c)];
+      want_amax = std::fmax(want_amax, std::fabs(x));
+      sums[size_t(c)] += x;
+      const uint8_t q = host_fp8(x * scale_v, e4m3);
+      bad += got[size_t(r * cols + c)] != q;
+      bad += got_t[size_t(c * rows + r)] != q;
+    }
+  TE_EXPECT(bad == 0, "%s: %d mismatching bytes at %lld x %lld", what, bad, (long long)rows,
+            (long long)cols);
+  TE_EXPECT(amax.download()[0] == want_amax, "%s: amax %g vs %g", what, amax.download()[0], want_amax);
+  TE_EXPECT(scale_inv.download()[0] == 1.f / scale_v, "%s: scale_inv", what);
+  if (dbias == nullptr) return;
+  auto hb = dbias->download();
+  int bad_b = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    bad_b += std::fabs(hb[size_t(c)] - sums[size_t(c)]) > 1e-3 + 1e-5 * std::fabs(sums[size_t(c)]);
+  TE_EXPECT(bad_b == 0, "%s: %d dbias mismatches", what, bad_b);
+}
+
+// Runs a dbias op twice: the size query (zeroed workspace descriptor), then the real call.
+template <typename Call>
+void run_with_workspace(const char* what, int64_t rows, int64_t cols, Call call) {
+  NVTETensor ws{};
+  TE_EXPECT(call(&ws) == kNVTESuccess, "%s query: %s", what, nvte_last_error_message());
+  TE_EXPECT(ws.dtype == kNVTEFloat32 && ws.ndim == 2 && ws.shape[1] == cols &&
+                ws.shape[0] == (rows + 127) / 128,
+            "%s: workspace query answered [%lld, %lld]", what, (long long)ws.shape[0],
+            (long long)ws.shape[1]);
+  DeviceBuffer<float> wbuf{size_t(ws.shape[0] * ws.shape[1])};
+  ws.data = wbuf.ptr;
+  TE_EXPECT(call(&ws) == kNVTESuccess, "%s: %s", what, nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "%s sync", what);
+}
+
+struct Fp8Out {
+  DeviceBuffer<uint8_t> out, out_t;
+  DeviceBuffer<float> scale, amax, scale_inv;
+  NVTETensor o, ot;
+  Fp8Out(int64_t rows, int64_t cols, float scale_v, bool e4m3)
+      : out(size_t(rows * cols)), out_t(size_t(rows * cols)), scale(std::vector<float>{scale_v}),
+        amax(std::vector<float>{0.f}), scale_inv(std::vector<float>{0.f}) {
+    const NVTEDType t8 = e4m3 ? kNVTEFloat8E4M3 : kNVTEFloat8E5M2;
+    o = desc(out.ptr, {rows, cols}, t8, amax.ptr, scale.ptr, scale_inv.ptr);
+    ot = desc(out_t.ptr, {cols, rows}, t8);
+  }
+};
+
+}  // namespace
+
+TE_TEST(cast_transpose_dbias_matches_cpu) {
+  const int64_t shapes[][2] = {{37, 69}, {256, 128}, {300, 4096}, {1, 16}};
+  unsigned seed = 20;
+  for (auto& s : shapes) {
+    const int64_t rows = s[0], cols = s[1];
+    const size_t n = size_t(rows * cols);
+    std::vector<float> x = random_floats(n, seed++, 3.f);
+    std::vector<__nv_bfloat16> xb(n);
+    for (size_t i = 0; i < n; ++i) {
+      xb[i] = __float2bfloat16_rn(x[i]);
+      x[i] = __bfloat162float(xb[i]);
+    }
+    DeviceBuffer<__nv_bfloat16> in(xb);
+    DeviceBuffer<float> dbias{size_t(cols)};
+    Fp8Out f(rows, cols, 20.f, false);
+    NVTETensor i = desc(in.ptr, {rows, cols}, kNVTEBFloat16);
+    NVTETensor b = desc(dbias.ptr, {cols}, kNVTEFloat32);
+    run_with_workspace("cast_transpose_dbias", rows, cols, [&](NVTETensor* ws) {
+      return nvte_cast_transpose_dbias(&i, &f.o, &f.ot, &b, ws, nullptr);
+    });
+    expect_fused_result("cast_transpose_dbias", x, rows, cols, 20.f, false, f.out, f.out_t, f.amax,
+                        f.scale_inv, &dbias);
+  }
+}
+
+TE_TEST(cast_transpose_act_forms_match_cpu) {
+  const int64_t shapes[][2] = {{37, 70}, {256, 256}, {64, 48}};
+  unsigned seed = 40;
+  for (auto& s : shapes) {
+    const int64_t rows = s[0], cols = s[1], half = cols / 2;
+    const size_t n = size_t(rows * cols);
+    std::vector<float> x = random_floats(n, seed++, 2.f), g = random_floats(n, seed++, 1.f);
+    DeviceBuffer<float> in(x), grad(g), dbias{size_t(cols)};
+    NVTETensor ti = desc(in.ptr, {rows, cols}, kNVTEFloat32);
+    // srelu forward
+    std::vector<float> v(n);
+    for (size_t k = 0; k < n; ++k) v[k] = host_srelu(x[k]);
+    Fp8Out f1(rows, cols, 16.f, true);
+    TE_EXPECT(nvte_act_cast_transpose(kNVTESRelu, &ti, &f1.o, &f1.ot, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    expect_fused_result("act srelu", v, rows, cols, 16.f, true, f1.out, f1.out_t, f1.amax,
+                        f1.scale_inv, nullptr);
+    // sreglu forward: act of the first half times the second half
+    std::vector<float> vg(size_t(rows * half));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < half; ++c)
+        vg[size_t(r * half + c)] = host_srelu(x[size_t(r * cols + c)]) * x[size_t(r * cols + half + c)];
+    Fp8Out f2(rows, half, 8.f, true);
+    TE_EXPECT(nvte_gated_act_cast_transpose(kNVTESRelu, &ti, &f2.o, &f2.ot, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    expect_fused_result("act sreglu", vg, rows, half, 8.f, true, f2.out, f2.out_t, f2.amax,
+                        f2.scale_inv, nullptr);
+    // srelu backward with dbias
+    for (size_t k = 0; k < n; ++k) v[k] = g[k] * host_srelu_deriv(x[k]);
+    Fp8Out f3(rows, cols, 32.f, false);
+    NVTETensor tg = desc(grad.ptr, {rows, cols}, kNVTEFloat32);
+    NVTETensor tb = desc(dbias.ptr, {cols}, kNVTEFloat32);
+    run_with_workspace("dact srelu", rows, cols, [&](NVTETensor* ws) {
+      return nvte_dact_dbias_cast_transpose(kNVTESRelu, &tg, &ti, &f3.o, &f3.ot, &tb, ws, nullptr);
+    });
+    expect_fused_result("dact srelu", v, rows, cols, 32.f, false, f3.out, f3.out_t, f3.amax,
+                        f3.scale_inv, &dbias);
+    // sreglu backward with dbias: grad [rows, half], result [rows, cols]
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < half; ++c) {
+        const float dy = g[size_t(r * half + c)], a = x[size_t(r * cols + c)],
+                    b = x[size_t(r * cols + half + c)];
+        v[size_t(r * cols + c)] = dy * b * host_srelu_deriv(a);
+        v[size_t(r * cols + half + c)] = dy * host_srelu(a);
+      }
+    Fp8Out f4(rows, cols, 32.f, true);
+    NVTETensor tgh = desc(grad.ptr, {rows, half}, kNVTEFloat32);
+    run_with_workspace("dgated sreglu", rows, cols, [&](NVTETensor* ws) {
+      return nvte_dgated_act_dbias_cast_transpose(kNVTESRelu, &tgh, &ti, &f4.o, &f4.ot, &tb, ws,
+                                                  nullptr);
+    });
+    expect_fused_result("dgated sreglu", v, rows, cols, 32.f, true, f4.out, f4.out_t, f4.amax,
+                        f4.scale_inv, &dbias);
+    // without dbias: no workspace at all
+    Fp8Out f5(rows, cols, 32.f, true);
+    TE_EXPECT(nvte_dgated_act_dbias_cast_transpose(kNVTESRelu, &tgh, &ti, &f5.o, &f5.ot, nullptr,
+                                                   nullptr, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    expect_fused_result("dgated sreglu, no dbias", v, rows, cols, 32.f, true, f5.out, f5.out_t,
+                        f5.amax, f5.scale_inv, nullptr);
+  }
+}
+
+TE_TEST(cast_transpose_fused_bad_input_returns_status_and_message) {
+  DeviceBuffer<float> in(30);
+  Fp8Out f(3, 10, 1.f, true);
+  NVTETensor ti = desc(in.ptr, {3, 10}, kNVTEFloat32);
+  TE_EXPECT(nvte_act_cast_transpose(static_cast<NVTEActivation>(9), &ti, &f.o, &f.ot, nullptr) ==
+                kNVTEInvalidArgument, "activation code 9 accepted");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "nvte_act_cast_transpose") != nullptr, "%s",
+            nvte_last_error_message());
+  // gated form: output must be [3, 5]
+  TE_EXPECT(nvte_gated_act_cast_transpose(kNVTEGelu, &ti, &f.o, &f.ot, nullptr) ==
+                kNVTEInvalidArgument, "gated output of the input's width accepted");
+  NVTETensor odd = desc(in.ptr, {5, 6}, kNVTEFloat32);
+  NVTETensor wrong_t = desc(f.out_t.ptr, {5, 6}, kNVTEFloat8E4M3);
+  TE_EXPECT(nvte_act_cast_transpose(kNVTEGelu, &odd, &f.o, &wrong_t, nullptr) ==
+                kNVTEInvalidArgument, "output_t of the wrong shape accepted");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "output_t") != nullptr, "%s",
+            nvte_last_error_message());
+  NVTETensor hp_out = desc(in.ptr, {3, 10}, kNVTEFloat32);
+  TE_EXPECT(nvte_act_cast_transpose(kNVTEGelu, &ti, &hp_out, &f.ot, nullptr) ==
+                kNVTEInvalidArgument, "float32 output accepted");
+  DeviceBuffer<float> dbias(10);
+  NVTETensor tb = desc(dbias.ptr, {10}, kNVTEFloat32);
+  NVTETensor small_ws = desc(dbias.ptr, {1, 2}, kNVTEFloat32);
+  TE_EXPECT(nvte_cast_transpose_dbias(&ti, &f.o, &f.ot, &tb, &small_ws, nullptr) ==
+                kNVTEInvalidArgument, "too small a workspace accepted");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "workspace") != nullptr, "%s",
+            nvte_last_error_message());
+}
