@@ -152,7 +152,8 @@ void expect_fused_result(const char* what, const std::vector<float>& v, int64_t 
     }
   TE_EXPECT(bad == 0, "%s: %d mismatching bytes at %lld x %lld", what, bad, (long long)rows,
             (long long)cols);
-  TE_EXPECT(amax.download()[0] == want_amax, "%s: amax %g vs %g", what, amax.download()[0], want_amax);
+  TE_EXPECT(amax.download()[0] == want_amax, "%s: amax %g vs %g", what, amax.download()[0],
+            want_amax);
   TE_EXPECT(scale_inv.download()[0] == 1.f / scale_v, "%s: scale_inv", what);
   if (dbias == nullptr) return;
   auto hb = dbias->download();
@@ -238,10 +239,12 @@ TE_TEST(cast_transpose_act_forms_match_cpu) {
     std::vector<float> vg(size_t(rows * half));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < half; ++c)
-        vg[size_t(r * half + c)] = host_srelu(x[size_t(r * cols + c)]) * x[size_t(r * cols + half + c)];
+        vg[size_t(r * half + c)] =
+            host_srelu(x[size_t(r * cols + c)]) * x[size_t(r * cols + half + c)];
     Fp8Out f2(rows, half, 8.f, true);
-    TE_EXPECT(nvte_gated_act_cast_transpose(kNVTESRelu, &ti, &f2.o, &f2.ot, nullptr) == kNVTESuccess,
-              "%s", nvte_last_error_message());
+    TE_EXPECT(
+        nvte_gated_act_cast_transpose(kNVTESRelu, &ti, &f2.o, &f2.ot, nullptr) == kNVTESuccess,
+        "%s", nvte_last_error_message());
     expect_fused_result("act sreglu", vg, rows, half, 8.f, true, f2.out, f2.out_t, f2.amax,
                         f2.scale_inv, nullptr);
     // srelu backward with dbias

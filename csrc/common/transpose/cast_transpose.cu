@@ -116,7 +116,8 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETen
     int64_t rows, cols;
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
     check_tensor(dbias, "dbias");
-    check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype), "float32, float16 or bfloat16");
+    check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype),
+                   "float32, float16 or bfloat16");
     TE_CHECK_ARG(numel(*dbias) == cols, "dbias has shape ", shape_str(*dbias), "; expected [",
                  cols, "] (the input's last dimension)");
     if (dbias_workspace_query(workspace, rows, cols)) return;

@@ -192,7 +192,8 @@ tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restr
       const int lane = threadIdx.x % TE_WARP_SIZE;
       if (lane < kSegsPerRow) {
 #pragma unroll
-        for (int k = 0; k < kSeg; ++k) col_sums[threadIdx.x / TE_WARP_SIZE][lane * kSeg + k] = sums[k];
+        for (int k = 0; k < kSeg; ++k)
+          col_sums[threadIdx.x / TE_WARP_SIZE][lane * kSeg + k] = sums[k];
       }
     }
   }
@@ -254,11 +255,12 @@ void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, in
   }
   const bool aligned = rows % T::kSeg == 0 && cols % T::kSeg == 0 && prod.vector_ok(T::kSeg) &&
                        aligned16(out_t) && (out == nullptr || aligned16(out));
+  const unsigned grid = unsigned(tiles);
   if (aligned)
-    tile_transpose_kernel<Producer, OutT, kCast, true, kSums><<<unsigned(tiles), kThreads, 0, stream>>>(
+    tile_transpose_kernel<Producer, OutT, kCast, true, kSums><<<grid, kThreads, 0, stream>>>(
         prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
   else
-    tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<unsigned(tiles), kThreads, 0, stream>>>(
+    tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<grid, kThreads, 0, stream>>>(
         prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
   check_launch("tile_transpose_kernel");
 }

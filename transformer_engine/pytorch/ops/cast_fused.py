@@ -39,7 +39,8 @@ def _result_shape(x: torch.Tensor, name: Optional[str], backward: bool) -> tuple
 
 def _check_dbias_dtype(op, dbias_dtype):
     if dbias_dtype not in native.HP_DTYPES:
-        raise ValueError(f"{op}: dbias_dtype is {dbias_dtype}; expected float32, float16 or bfloat16")
+        raise ValueError(f"{op}: dbias_dtype is {dbias_dtype}; expected float32, float16 or "
+                         "bfloat16")
 
 
 # ----- references ------------------------------------------------------------------------------
@@ -58,7 +59,8 @@ def _column_sums(v, shape, dbias_dtype):
 def cast_transpose_dbias_reference(x, scale, fp8_dtype, dbias_dtype=None):
     """(data, data_t, dbias, scale_inv, amax) computed with plain torch ops."""
     data, data_t, scale_inv, amax = _quantize_transposed(x, scale, fp8_dtype, tuple(x.shape))
-    return data, data_t, _column_sums(x.float(), tuple(x.shape), dbias_dtype or x.dtype), scale_inv, amax
+    dbias = _column_sums(x.float(), tuple(x.shape), dbias_dtype or x.dtype)
+    return data, data_t, dbias, scale_inv, amax
 
 
 def act_cast_transpose_reference(x, name, scale, fp8_dtype):
@@ -161,7 +163,9 @@ def dact_dbias_cast_transpose(grad: torch.Tensor, x: torch.Tensor, name: str,
     _check_dbias_dtype(op, dbias_dtype)
     shape = tuple(x.shape)
     out, out_t = _outputs(shape, fp8_dtype, x.device)
-    dbias = torch.empty(_rows_cols(shape)[1], dtype=dbias_dtype, device=x.device) if with_dbias else None
+    dbias = None
+    if with_dbias:
+        dbias = torch.empty(_rows_cols(shape)[1], dtype=dbias_dtype, device=x.device)
     if native.use_native(x):
         mod = native.native_for_torch()
         code, gated = ACTIVATIONS[GATED.get(name, name)], name in GATED
