@@ -8,6 +8,10 @@ torch.compile is applied to the "torch" function here, so every family is measur
 dynamic=False: each shape gets its own specialised kernel (a second shape of the same function
 would otherwise be recompiled with dynamic shapes, a slower kernel that flatters our ratios).
 
+te, eager and compiled are timed interleaved (common.time_interleaved_ms: rounds of graph
+replays, each contender's median per round, then the median over rounds), so clock or thermal
+drift during a case does not favour whichever contender ran at a better moment.
+
 Issue 4's bars are checked per row: % of copy (normalization forward 85, backward 75;
 activations 85; softmax 80; RoPE has none) and te at least as fast as compiled (te_vs_compiled
 >= 1). `--filter REGEX` runs the cases whose "family name shape" label matches.
@@ -26,7 +30,7 @@ import kernel_cases  # noqa: E402
 
 def main():
     args = common.parse_args(__doc__)
-    reps = 10 if args.quick else 30
+    rounds, reps = (3, 5) if args.quick else (5, 10)
     copy = common.copy_bandwidth_gbs()
     print(f"copy bandwidth: {copy:.0f} GB/s (read + write)")
     rows = []
@@ -42,8 +46,11 @@ def main():
             torch._dynamo.reset()
             compiled = torch.compile(case["torch"], dynamic=False)
             row = {"family": case["family"], "name": case["name"], "shape": shape}
-            for label, fn in (("te", case["te"]), ("eager", case["torch"]), ("compiled", compiled)):
-                ms = common.time_ms(lambda: fn(*pick()), reps=reps)
+            contenders = {"te": case["te"], "eager": case["torch"], "compiled": compiled}
+            times = common.time_interleaved_ms(
+                {label: (lambda f=fn: f(*pick())) for label, fn in contenders.items()},
+                rounds=rounds, reps=reps)
+            for label, ms in times.items():
                 row[f"{label}_ms"] = ms
                 row[f"{label}_gbs"] = case["bytes"] / (ms * 1e-3) / 1e9
             row["te_pct_copy"] = 100 * row["te_gbs"] / copy

@@ -33,27 +33,56 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, graph: bool = True, calls: int 
     argument checks, launch latency) is left out, for us and for the peers alike. Functions that
     cannot be captured fall back to timing single eager calls.
     """
+    run, per_replay = _replayable(fn, warmup, graph, calls)
+    return _median_ms(run, per_replay, reps)
+
+
+def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int = 20,
+                        calls: int = 10) -> dict:
+    """{name: median milliseconds of one fn()} for several contenders timed in alternation.
+
+    Every contender is prepared as in time_ms (a CUDA graph of `calls` calls, or eager calls if
+    it cannot be captured); then `rounds` rounds each time every contender once (the median of
+    `reps` replays), the order reversed every other round, and a contender's result is the
+    median of its round medians. Clock or thermal drift over the run then affects all
+    contenders alike instead of whichever happened to run last; the protocol is the same for
+    every contender."""
+    runners = {name: _replayable(fn, warmup, True, calls) for name, fn in fns.items()}
+    per_round = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            run, per_replay = runners[name]
+            per_round[name].append(_median_ms(run, per_replay, reps))
+    return {name: statistics.median(ms) for name, ms in per_round.items()}
+
+
+def _replayable(fn, warmup: int, graph: bool, calls: int):
+    """(run, calls per run): a replay of a CUDA graph of `calls` fn() calls, or fn itself."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    per_replay = 1
-    run = fn
-    if graph:
-        try:
-            g = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                with torch.cuda.graph(g):
-                    for _ in range(calls):
-                        fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            g.replay()
-            torch.cuda.synchronize()
-            run, per_replay = g.replay, calls
-        except Exception as exc:  # not capturable: say so and time eagerly
-            print(f"  (graph capture failed: {type(exc).__name__}: {str(exc)[:80]}; timing eager calls)")
-            torch.cuda.synchronize()
+    if not graph:
+        return fn, 1
+    try:
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        g.replay()
+        torch.cuda.synchronize()
+        return g.replay, calls
+    except Exception as exc:  # not capturable: say so and time eagerly
+        print(f"  (graph capture failed: {type(exc).__name__}: {str(exc)[:80]}; timing eager calls)")
+        torch.cuda.synchronize()
+        return fn, 1
+
+
+def _median_ms(run, per_replay: int, reps: int) -> float:
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -108,6 +108,28 @@ def test_scaled_upper_triang_masked_softmax(device, dtype, shape):
     assert (dx.cpu()[upper] == 0).all(), "gradient above the diagonal must be exact zeros"
 
 
+# Forward shapes with many rows at the attention lengths the register layouts are tuned for
+# (8192: 256 threads x 4 chunks per row; 4096: 128 x 4; 1024: 32 x 4), row counts that leave the
+# last block partly empty, and causal rows whose valid length ends inside a chunk.
+MANY_ROW_SHAPES = [(3, 5, 211, 8192), (1, 3, 1031, 4096), (2, 1, 3001, 1024)]
+CAUSAL_MANY_ROW_SHAPES = [(3, 1200, 1200), (2, 2048, 2048)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dname)
+@pytest.mark.parametrize("shape", MANY_ROW_SHAPES + CAUSAL_MANY_ROW_SHAPES, ids=sid)
+def test_forward_many_rows(device, dtype, shape):
+    x = randn(shape, dtype, device, seed=len(shape) + shape[-1], scale=4.0)
+    if len(shape) == 3:
+        y = ops.scaled_upper_triang_masked_softmax_forward(x, SCALE)
+        want = ops.softmax.scaled_upper_triang_masked_softmax_forward_reference(x.cpu(), SCALE)
+        assert (y.cpu()[causal_mask(shape[-2], shape[-1]).expand(shape)] == 0).all()
+    else:
+        y = ops.scaled_softmax_forward(x, SCALE)
+        want = ops.softmax.scaled_softmax_forward_reference(x.cpu(), SCALE)
+    close(y, want, dtype, "y")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["plain", "masked", "causal"])
 def test_autograd_matches_float64_autograd(device, kind):

@@ -2,9 +2,10 @@
 // instantiated once per activation by the thin files gelu.cu, relu.cu, ...
 //
 // Elementwise kernels (plain and gated, forward and backward) are grid-stride loops over tiles
-// of kThreads x 16 elements, each thread moving 16-byte pieces laid out so that a warp's accesses
-// are contiguous (see Pieces below), then whole pieces, then a scalar loop for the tail and for
-// tensors whose pointers or gated width do not allow whole pieces. Whether to vectorise is a
+// of kThreads x kElems elements (16 or 8, see kVec below), each thread moving 16-byte pieces
+// laid out so that a warp's accesses are contiguous (see Pieces below), then whole pieces, then
+// a scalar loop for the tail and for tensors whose pointers or gated width do not allow whole
+// pieces. Whether to vectorise is a
 // run-time argument rather than a template parameter, which halves the number of instantiations
 // (and the build time); the branch is uniform. High-precision outputs launch about one tile per
 // block (the loop runs once), which kept up with PyTorch's own elementwise kernels on an H100
@@ -27,7 +28,15 @@ namespace te {
 namespace act {
 
 constexpr int kThreads = kActThreads;
+// Elements per thread per tile: 32 bytes of 16-bit input in flight per thread. The plain
+// forward reads one tensor (16 elements, two 16-byte pieces); the backward and gated kernels
+// read two or three (8 elements, one piece of each). On an H100 (bf16, interleaved with
+// torch.compile) 8 elements per thread for those took gelu backward from 0.99x to 1.00-1.01x of
+// compiled and the gated kernels from 0.97-0.99x to 0.99x; the plain forward was best at 16
+// (8: 0.98x). Blocks of 128 or 512 threads and streaming cache hints on the 16-byte accesses did
+// no better (hints: 1-4% slower).
 constexpr int kVec = 16;
+constexpr int kMultiInputVec = 8;
 
 template <typename T>
 constexpr bool is_fp8_type() {
@@ -132,18 +141,19 @@ struct OutputCast {
 };
 
 // ----- elementwise tiles ------------------------------------------------------------------------
-// A block works on tiles of kThreads * kVec elements. Inside a tile a thread owns kVec / P
+// A block works on tiles of kThreads * kElems elements. Inside a tile a thread owns kElems / P
 // pieces of P = 16 / sizeof(InT) elements (one 16-byte load per input), piece p of thread t at
 // tile offset (p * kThreads + t) * P: every warp-wide load and store covers one contiguous span,
 // whole 32-byte sectors. (One contiguous 16-element vector per thread instead split each warp
 // access into half sectors over twice the span; at the bandwidth roof on an H100 that cost
 // gelu backward 5% against PyTorch's own elementwise kernel.) Pieces never straddle a row of a
 // gated tensor: the vector path needs cols % P == 0.
-template <typename InT>
+template <typename InT, int kElems = kVec>
 struct Pieces {
   static constexpr int P = 16 / int(sizeof(InT));
-  static constexpr int kCount = kVec / P;
-  static constexpr int64_t kTile = int64_t(kThreads) * kVec;
+  static constexpr int kCount = kElems / P;
+  static constexpr int64_t kTile = int64_t(kThreads) * kElems;
+  static_assert(kCount >= 1 && kElems % P == 0, "whole 16-byte pieces per thread");
 };
 
 // ----- elementwise forward ---------------------------------------------------------------------
@@ -163,12 +173,13 @@ __device__ __forceinline__ void fwd_vec(const Vec<InT, P>& a, const Vec<InT, P>&
   store_vec(dst, y);
 }
 
-template <class Op, bool kGated, typename InT, typename OutT>
+// kElems: elements per thread per tile.
+template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec>
 __global__ void __launch_bounds__(kThreads)
 activation_fwd_kernel(const InT* __restrict__ in, OutT* __restrict__ out, int64_t rows,
                       int64_t cols, bool vectorized, const float* __restrict__ scale_ptr,
                       float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr) {
-  using Shape = Pieces<InT>;
+  using Shape = Pieces<InT, kElems>;
   constexpr int P = Shape::P;
   OutputCast<OutT> cast(scale_ptr, scale_inv_ptr);
   const int64_t n = rows * cols;
@@ -234,13 +245,13 @@ __device__ __forceinline__ void bwd_vec(const Vec<InT, P>& g, const Vec<InT, P>&
   if (kGated) store_vec(dst + cols, db);
 }
 
-template <class Op, bool kGated, typename InT, typename OutT>
+template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec>
 __global__ void __launch_bounds__(kThreads)
 activation_bwd_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
                       OutT* __restrict__ out, int64_t rows, int64_t cols, bool vectorized,
                       const float* __restrict__ scale_ptr, float* __restrict__ amax_ptr,
                       float* __restrict__ scale_inv_ptr) {
-  using Shape = Pieces<InT>;
+  using Shape = Pieces<InT, kElems>;
   constexpr int P = Shape::P;
   OutputCast<OutT> cast(scale_ptr, scale_inv_ptr);
   const int64_t n = rows * cols;
@@ -382,10 +393,11 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
   const int64_t n = a.rows * a.cols;
   bool vec = aligned16(a.input) && aligned16(a.output) && (forward || aligned16(a.grad));
   if (gated) vec = vec && a.cols % Pieces<InT>::P == 0;
-  // High-precision outputs: one vector per thread in a single pass, like a copy kernel, so
-  // every thread's loads are issued at once. FP8 outputs: a grid of a few waves looping over
-  // the data, so that only that many blocks publish an amax atomically.
-  const int64_t items = vec ? n / kVec + 1 : n;  // about one tile per block of threads
+  // High-precision outputs: one tile per block in a single pass, like a copy kernel, so every
+  // thread's loads are issued at once. FP8 outputs: a grid of a few waves looping over the
+  // data, so that only that many blocks publish an amax atomically.
+  const int elems = a.kind == Kind::kForward ? kVec : kMultiInputVec;
+  const int64_t items = vec ? n / elems + 1 : n;  // about one tile per block of threads
   const int grid = is_fp8_type<OutT>() ? elementwise_grid(items) : single_pass_grid(items);
   auto in = static_cast<const InT*>(a.input);
   auto grad = static_cast<const InT*>(a.grad);
@@ -397,15 +409,15 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
           in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
     case Kind::kGatedForward:
-      activation_fwd_kernel<Op, true, InT, OutT><<<grid, kThreads, 0, s>>>(
+      activation_fwd_kernel<Op, true, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(
           in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
     case Kind::kBackward:
-      activation_bwd_kernel<Op, false, InT, OutT><<<grid, kThreads, 0, s>>>(
+      activation_bwd_kernel<Op, false, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(
           grad, in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
     case Kind::kGatedBackward:
-      activation_bwd_kernel<Op, true, InT, OutT><<<grid, kThreads, 0, s>>>(
+      activation_bwd_kernel<Op, true, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(
           grad, in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
   }

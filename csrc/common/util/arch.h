@@ -150,6 +150,18 @@ __device__ __forceinline__ float fast_exp2_ftz(float x) {
 #endif
 }
 
+// An empty statement the optimiser must assume rewrites `v`: values derived from v before it are
+// computed again after it instead of being kept live. Lets a kernel hold data packed in
+// registers and unpack it in every pass (cheap) rather than keep the unpacked copies (many
+// registers, fewer resident threads).
+__device__ __forceinline__ void forget_value(uint32_t& v) {
+#if defined(__HIP_PLATFORM_AMD__)
+  asm volatile("" : "+v"(v));
+#else
+  asm volatile("" : "+r"(v));
+#endif
+}
+
 }  // namespace te
 
 // ---------------------------------------------------------------------------------------------

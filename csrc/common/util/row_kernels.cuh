@@ -64,6 +64,58 @@ __device__ __forceinline__ void load_row_chunks(const T* row_ptr, bool valid, in
   }
 }
 
+// Two 16-bit values packed in a 32-bit word (the lower address in the low half) as floats.
+__device__ __forceinline__ float2 unpack_pair(uint32_t w, bf16) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 unpack_pair(uint32_t w, fp16) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return __half22float2(h);
+}
+
+// A 16-byte chunk held in registers as four 32-bit words, as loaded: 16-bit values stay packed
+// two per register (a chunk of 8 bf16 takes 4 registers, not 8), and are unpacked where used.
+template <typename T>
+__device__ __forceinline__ void unpack_words(const uint4& w, float (&out)[16 / sizeof(T)]) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = unpack_pair(words[j], T{});
+      out[2 * j] = f.x;
+      out[2 * j + 1] = f.y;
+    }
+  } else {
+    static_assert(sizeof(T) == 4, "16- or 32-bit values");
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = __uint_as_float(words[j]);
+  }
+}
+
+// Makes the compiler unpack `w` again at its next use instead of keeping unpacked copies live
+// across a reduction (forget_value in arch.h).
+__device__ __forceinline__ void forget_words(uint4& w) {
+  forget_value(w.x);
+  forget_value(w.y);
+  forget_value(w.z);
+  forget_value(w.w);
+}
+
+// Like load_row_chunks, as words: the kIters chunks a thread owns in one row, zeros at or past
+// `limit` and for rows that do not exist.
+template <typename T, int kIters>
+__device__ __forceinline__ void load_row_words(const T* row_ptr, bool valid, int limit, int tpr,
+                                               int t, uint4 (&out)[kIters]) {
+  constexpr int kN = 16 / sizeof(T);
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = (it * tpr + t) * kN;
+    out[it] = valid && c < limit ? *reinterpret_cast<const uint4*>(row_ptr + c)
+                                 : make_uint4(0, 0, 0, 0);
+  }
+}
+
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
   static constexpr float kIdentity = 0.f;
