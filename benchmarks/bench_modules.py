@@ -6,27 +6,30 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
      torch.nn BF16 eager and torch.compile'd (inductor)
    torch.nn equivalents: Linear; LayerNorm + Linear; LayerNorm + Linear + tanh-GELU + Linear.
    Timed with events around single eager steps (common.time_ms, graph=False: autograd's backward
-   and the FP8 recipe state are not captured into graphs here); at these sizes a step is several
-   milliseconds of kernels, so launch overhead is hidden behind the GPU for every contender.
+   and the FP8 recipe state are not captured into graphs here), the contenders taking turns over
+   STEP_ROUNDS rounds, each keeping its median round.
    Parameter grads are dropped (set to None) before each step for every contender alike.
    Bars: LayerNormMLP FP8 >= 1.75x torch.nn BF16 eager, Linear FP8 >= 1.6x, te BF16 no slower
    than torch.compile of torch.nn.
 
 2. Host time of one te.Linear forward + backward at 64 x 1024 x 1024 against torch.nn.Linear, BF16
    and FP8 (current and delayed scaling): N steps are issued back to back with no synchronisation
-   and the wall time of the Python loop is divided by N; one synchronize follows. At this shape the
-   kernels of a step take less time than issuing them, so the loop measures the host. Shown too:
-   the GPU's own time per step (steps queued behind a busy-wait kernel, so they run without host
-   gaps: see gpu_time_us) and the wait at the final synchronize; host_us > gpu_us and a small wait
-   confirm that the host was the bottleneck. Bar: te <= 1.5x torch.nn.Linear.
+   and the wall time of the Python loop is divided by N. At this shape the kernels of a step take
+   less time than issuing them, so the loop measures the host. The contenders take turns over
+   several rounds and each keeps its median round (the host's speed drifts within a run). Shown
+   too: the GPU's own time per step (steps queued behind a busy-wait kernel, so they run without
+   host gaps: see gpu_time_us); host_us > gpu_us confirms that the host was the bottleneck.
+   Bar: te <= 1.5x torch.nn.Linear.
 
 3. Memory: parameter bytes and peak allocated memory of a LayerNormMLP forward + backward step
    (FP8 current scaling) with high-precision BF16 weights and with fp8_model_init (FP8-only weights).
 
 Prints one line per measurement, then a short table last. --json writes every number.
 """
+import copy
 import gc
 import os
+import statistics
 import sys
 import time
 
@@ -42,6 +45,7 @@ TOKENS, HIDDEN, FFN = 16384, 4096, 16384
 HOST_SHAPE = (64, 1024, 1024)  # tokens, in, out
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
+STEP_ROUNDS = 5
 BARS = {"LayerNormMLP_fp8": 1.75, "Linear_fp8": 1.6, "bf16_vs_compile": 1.0, "host": 1.5}
 
 
@@ -124,15 +128,21 @@ def bench_steps(name, reps, with_compile):
 
     with torch.no_grad():
         row["bf16_rel_err_vs_torch"] = rel_err(te_mod(x), nn_mod(x))
-    times = {}
-    for rname, r in recipes().items():
-        times[f"te_{rname}"] = common.time_ms(step_fn(te_mod, x, dy, r), warmup=3, reps=reps, graph=False)
-    times["torch_eager"] = common.time_ms(step_fn(nn_mod, x, dy, None), warmup=3, reps=reps, graph=False)
+    # one te module per recipe (same weights), so that taking turns never switches recipe state
+    steps = {f"te_{rname}": step_fn(te_mod if r is None else copy.deepcopy(te_mod), x, dy, r)
+             for rname, r in recipes().items()}
+    steps["torch_eager"] = step_fn(nn_mod, x, dy, None)
     if with_compile:
         t0 = time.perf_counter()
-        compiled = torch.compile(nn_mod)
-        times["torch_compile"] = common.time_ms(step_fn(compiled, x, dy, None), warmup=3, reps=reps, graph=False)
+        steps["torch_compile"] = step_fn(torch.compile(nn_mod), x, dy, None)
+        for _ in range(3):
+            steps["torch_compile"]()
+        torch.cuda.synchronize()
         row["compile_s"] = time.perf_counter() - t0
+    # contenders take turns over STEP_ROUNDS rounds and keep their median round: clocks and
+    # temperature drift over a run by a few percent, and every contender then sees the same drift
+    times = common.time_interleaved_ms(steps, rounds=STEP_ROUNDS, warmup=3,
+                                       reps=max(3, reps // STEP_ROUNDS), graph=False)
     row.update({f"{k}_ms": v for k, v in times.items()})
     for k, v in times.items():
         if k != "torch_eager":
@@ -150,65 +160,77 @@ def bench_steps(name, reps, with_compile):
 
 # ----- 2. host time ------------------------------------------------------------------------------
 
+HOST_ROUNDS = 7
+
+
 def gpu_time_us(step, iters=20, sleep_cycles=400_000_000):
     """The GPU's own time per step: a busy-wait kernel holds the stream while the host queues
-    `iters` steps behind it, so the steps then run back to back with no host gaps; the wait's
-    own duration (timed alone) is subtracted. 4e8 cycles (~0.2 s) outlast queueing 20 steps, and
-    20 steps stay well inside the device's queue of pending launches (a full queue would block the
-    host and let gaps back in)."""
+    `iters` steps behind it; the start event, queued after the busy-wait, fires when the steps
+    begin, so the events span the steps alone, run back to back with no host gaps. 4e8 cycles
+    (~0.2 s) outlast queueing 20 steps, and 20 steps stay well inside the device's queue of
+    pending launches (a full queue would block the host and let gaps back in)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    torch.cuda.synchronize()
     torch.cuda._sleep(sleep_cycles)
-    end.record()
-    end.synchronize()
-    sleep_ms = start.elapsed_time(end)
     start.record()
-    torch.cuda._sleep(sleep_cycles)
     for _ in range(iters):
         step()
     end.record()
     end.synchronize()
-    return 1e3 * (start.elapsed_time(end) - sleep_ms) / iters
+    return 1e3 * start.elapsed_time(end) / iters
 
 
-def host_time(module, x, dy, fp8_recipe, iters):
-    step = step_fn(module, x, dy, fp8_recipe)
-    for _ in range(20):
-        step()
+def host_round_us(step, iters):
+    """Wall time per step of the Python loop issuing `iters` steps back to back."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
         step()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    try:
-        gpu_us = gpu_time_us(step)
-    except (RuntimeError, AttributeError) as exc:  # the host number stands without it
-        print(f"  (GPU time per step not measured: {type(exc).__name__}: {str(exc)[:80]})")
-        gpu_us = float("nan")
-    return {"host_us": 1e6 * (t1 - t0) / iters, "sync_wait_ms": 1e3 * (t2 - t1), "gpu_us": gpu_us}
+    return 1e6 * (t1 - t0) / iters
 
 
 def bench_host(iters):
+    """Contenders take turns, HOST_ROUNDS rounds of `iters` steps each, and each keeps its median
+    round: the host's speed drifts (shared machine, clocks) by tens of percent within a run, and
+    interleaving makes every contender see the same drift."""
     tokens, fin, fout = HOST_SHAPE
     x = torch.randn(tokens, fin, device=DEVICE, dtype=DTYPE).requires_grad_()
     dy = torch.randn(tokens, fout, device=DEVICE, dtype=DTYPE)
     te_lin = te.Linear(fin, fout, params_dtype=DTYPE, device=DEVICE)
     nn_lin = make_torch_like("Linear", te_lin, fin, fout)
+    steps = {"torch": step_fn(nn_lin, x, dy, None)}
+    # one module per recipe, so that taking turns never switches a module's recipe state
+    steps.update({name: step_fn(te_lin if r is None else te.Linear(fin, fout, params_dtype=DTYPE,
+                                                                    device=DEVICE), x, dy, r)
+                  for name, r in recipes().items()})
+    for step in steps.values():
+        for _ in range(20):
+            step()
+    rounds = {name: [] for name in steps}
+    for _ in range(HOST_ROUNDS):
+        for name, step in steps.items():
+            rounds[name].append(host_round_us(step, iters))
+    host = {name: statistics.median(v) for name, v in rounds.items()}
+    gpu = {}
+    for name, step in steps.items():
+        try:
+            gpu[name] = gpu_time_us(step)
+        except (RuntimeError, AttributeError) as exc:  # the host number stands without it
+            print(f"  (GPU time per step not measured: {type(exc).__name__}: {str(exc)[:80]})")
+            gpu[name] = float("nan")
     rows = []
-    base = host_time(nn_lin, x, dy, None, iters)
-    for rname, r in recipes().items():
-        got = host_time(te_lin, x, dy, r, iters)
+    for rname in recipes():
         row = {"module": "Linear", "shape": "x".join(map(str, HOST_SHAPE)), "mode": rname,
-               "te_host_us": got["host_us"], "torch_host_us": base["host_us"],
-               "te_over_torch": got["host_us"] / base["host_us"], "te_gpu_us": got["gpu_us"],
-               "torch_gpu_us": base["gpu_us"], "te_sync_wait_ms": got["sync_wait_ms"],
-               "torch_sync_wait_ms": base["sync_wait_ms"]}
+               "te_host_us": host[rname], "torch_host_us": host["torch"],
+               "te_over_torch": host[rname] / host["torch"], "te_gpu_us": gpu[rname],
+               "torch_gpu_us": gpu["torch"], "rounds_te_us": rounds[rname],
+               "rounds_torch_us": rounds["torch"]}
         row["meets_bar"] = "yes" if row["te_over_torch"] <= BARS["host"] else "NO"
-        print(f"host time {rname:>12}: te {got['host_us']:.1f} us  torch.nn {base['host_us']:.1f} us  "
-              f"ratio {row['te_over_torch']:.2f}  (gpu per step: te {got['gpu_us']:.1f} us, torch "
-              f"{base['gpu_us']:.1f} us)", flush=True)
+        print(f"host time {rname:>12}: te {host[rname]:.1f} us  torch.nn {host['torch']:.1f} us  "
+              f"ratio {row['te_over_torch']:.2f}  (medians of {HOST_ROUNDS} interleaved rounds; gpu "
+              f"per step: te {gpu[rname]:.1f} us, torch {gpu['torch']:.1f} us)", flush=True)
         rows.append(row)
     return rows
 
@@ -246,7 +268,7 @@ def main():
     args = common.parse_args(__doc__)
     reps = 10 if args.quick else 25
     step_rows = [bench_steps(name, reps, with_compile=True) for name in ("Linear", "LayerNormLinear", "LayerNormMLP")]
-    host_rows = bench_host(200 if args.quick else 1000)
+    host_rows = bench_host(100 if args.quick else 300)
     mem_rows = bench_memory()
 
     checks = []

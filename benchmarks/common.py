@@ -38,16 +38,16 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, graph: bool = True, calls: int 
 
 
 def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int = 20,
-                        calls: int = 10) -> dict:
+                        calls: int = 10, graph: bool = True) -> dict:
     """{name: median milliseconds of one fn()} for several contenders timed in alternation.
 
     Every contender is prepared as in time_ms (a CUDA graph of `calls` calls, or eager calls if
-    it cannot be captured); then `rounds` rounds each time every contender once (the median of
+    it cannot be captured or graph=False); then `rounds` rounds each time every contender once (the median of
     `reps` replays), the order reversed every other round, and a contender's result is the
     median of its round medians. Clock or thermal drift over the run then affects all
     contenders alike instead of whichever happened to run last; the protocol is the same for
     every contender."""
-    runners = {name: _replayable(fn, warmup, True, calls) for name, fn in fns.items()}
+    runners = {name: _replayable(fn, warmup, graph, calls) for name, fn in fns.items()}
     per_round = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ..library import dispatch as K
+from . import _fast
 from ..quantization import FP8GlobalState, RecipeState
 
 
@@ -40,6 +41,11 @@ def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
 
 def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
     """(data, data_t or None, scale_inv) of a 2-D tensor."""
+    if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
+            rs.delayed or not rs.recipe.use_power_2_scales):
+        nc = _fast.native_call(x)
+        if nc is not None:  # eager on the native core: the direct calls, same kernels and bits
+            return _fast.cast(nc, rs, x, forward, slot, need_transpose)
     scale, amax = cast_scale(rs, x, forward, slot, replay)
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
@@ -49,7 +55,24 @@ def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
     return data, None, scale_inv
 
 
+def cast_grad(fi, dy, need_transpose: bool, db_dtype):
+    """(dyq, dyq_t or None, scale_inv, db or None) of an output gradient (backward slot 0). With a
+    bias gradient to make (db_dtype not None) and a transpose wanted, on the direct path, one
+    kernel casts, transposes and sums the columns; otherwise the cast, then an fp32 column sum."""
+    if db_dtype is not None and need_transpose and _fast.usable_backward(fi) and dy.dim() == 2:
+        nc = _fast.native_call(dy)
+        if nc is not None:
+            dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, fi.rs, dy, 0, db_dtype)
+            return dyq, dyq_t, dy_sinv, db
+    db = dy.sum(0, dtype=torch.float32).to(db_dtype) if db_dtype is not None else None
+    dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need_transpose)
+    return dyq, dyq_t, dy_sinv, db
+
+
 def transposed(data: torch.Tensor) -> torch.Tensor:
+    nc = _fast.native_call(data) if data.dim() == 2 else None
+    if nc is not None:
+        return _fast.transpose(nc, data)
     return K.transpose(data)
 
 
@@ -87,5 +110,5 @@ def record_amax(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int) -> N
     K.compute_amax(x, (rs.fwd_amax if forward else rs.bwd_amax)[slot])
 
 
-__all__ = ["cast", "transposed", "check_fp8_dims", "replay_list", "record_list", "record_amax",
+__all__ = ["cast", "cast_grad", "transposed", "check_fp8_dims", "replay_list", "record_list", "record_amax",
            "FP8GlobalState"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..library import dispatch as K
+from ..ops.gemm import GemmOutput
 from ..tensor import Float8Tensor
 from . import _fast
 from ._casts import cast, transposed
@@ -41,12 +42,30 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
     return data, data_t, scale_inv
 
 
+def _direct(x):
+    """The direct native call for an eager 2-D GEMM operand (see _fast.py), else None."""
+    return _fast.native_call(x) if x.dim() == 2 else None
+
+
+def _bias_for(bias, dtype):
+    return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
+
+
 def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False):
+    nc = None if gelu else _direct(xq)
+    if nc is not None:
+        out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
+        return GemmOutput(_fast.gemm(nc, wq, True, xq, False, out, w_sinv, x_sinv,
+                                       _bias_for(bias, out_dtype)), None, None)
     return K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
                             bias=bias, gelu=gelu)
 
 
 def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype):
+    nc = _direct(dyq)
+    if nc is not None:
+        out = torch.empty(dyq.shape[0], wq_t.shape[0], dtype=out_dtype, device=dyq.device)
+        return _fast.gemm(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
     return K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
                             B_scale_inv=dy_sinv).out
 
@@ -64,6 +83,13 @@ def wgrad_out(weight, fuse_wgrad_accumulation: bool):
 
 def wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, out_dtype, weight, fuse):
     out, acc = wgrad_out(weight, fuse)
+    nc = _direct(dyq_t)
+    if nc is not None:
+        if out is None:
+            out = torch.empty(dyq_t.shape[0], xq_t.shape[0], dtype=out_dtype, device=dyq_t.device)
+        _fast.gemm(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0 if acc else 0.0,
+                   fast_accum=False)
+        return None if fuse else out
     res = K.general_gemm(xq_t, dyq_t, out.dtype if out is not None else out_dtype, layout="TN",
                            A_scale_inv=x_sinv, B_scale_inv=dy_sinv, out=out,
                            accumulate=acc, use_split_accumulator=True).out
@@ -76,12 +102,22 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
         if fuse:
             return None
         return torch.zeros(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
+    nc = _direct(dy2d) if x2d.dtype == dy2d.dtype else None
+    if nc is not None:
+        if out is None:
+            out = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
+        _fast.gemm(nc, x2d, False, dy2d, True, out, beta=1.0 if acc else 0.0)
+        return None if fuse else out
     res = K.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
                            out=out, accumulate=acc).out
     return None if fuse else res
 
 
 def dgrad_hp(w, dy2d):
+    nc = _direct(dy2d) if dy2d.shape[0] > 0 and w.dtype == dy2d.dtype else None
+    if nc is not None:
+        out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
+        return _fast.gemm(nc, w, False, dy2d, False, out)
     return K.general_gemm(w, dy2d, layout="NN").out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..library import dispatch as K
+from ..ops.normalization import NormOutput
+from . import _fast
 from ._casts import cast, cast_scale, record_scale, transposed
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -32,8 +34,24 @@ def reset_norm_params(weight, bias, zero_centered_gamma):
             bias.zero_()
 
 
+def _direct(x2d, gamma, beta):
+    """The direct native call (_fast.py) when the checked op would accept these operands as
+    they are (2-D contiguous x, gamma/beta in x's dtype or fp32 on its device), else None."""
+    if x2d.dim() != 2 or not x2d.is_contiguous() or x2d.shape[1] < 1:
+        return None
+    for w in (gamma, beta):
+        if w is not None and (w.dtype not in (x2d.dtype, torch.float32) or not w.is_contiguous()
+                              or w.numel() != x2d.shape[1] or w.device != x2d.device):
+            return None
+    return _fast.native_call(x2d)
+
+
 def norm_hp(normalization, x2d, gamma, beta, eps, zcg):
-    return K.norm_fwd(normalization == "RMSNorm", x2d, gamma, beta, eps, zcg)
+    rms = normalization == "RMSNorm"
+    nc = _direct(x2d, gamma, None if rms else beta)
+    if nc is not None:
+        return NormOutput(*_fast.norm_fwd(nc, rms, x2d, gamma, beta, eps, bool(zcg)))
+    return K.norm_fwd(rms, x2d, gamma, beta, eps, zcg)
 
 
 def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose, keep_hp):
@@ -43,7 +61,12 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
         kw = dict(fp8_dtype=fi.rs.fwd_dtype, scale=scale, amax=amax)
-        res = K.norm_fwd(normalization == "RMSNorm", x2d, gamma, beta, eps, zcg, **kw)
+        rms = normalization == "RMSNorm"
+        nc = _direct(x2d, gamma, None if rms else beta)
+        if nc is not None:
+            res = NormOutput(*_fast.norm_fwd(nc, rms, x2d, gamma, beta, eps, bool(zcg), **kw))
+        else:
+            res = K.norm_fwd(rms, x2d, gamma, beta, eps, zcg, **kw)
         data_t = transposed(res.out) if need_transpose else None
         return None, res.out, data_t, res.scale_inv, res.mu, res.rsigma
     res = norm_hp(normalization, x2d, gamma, beta, eps, zcg)
@@ -53,7 +76,12 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
 
 def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg):
     """(dx, dgamma, dbeta or None)."""
-    return K.norm_bwd(normalization == "RMSNorm", dz, x2d, mu, rsigma, gamma, zcg)
+    rms = normalization == "RMSNorm"
+    nc = (_direct(x2d, gamma, None) if dz.dtype == x2d.dtype and dz.shape == x2d.shape
+          and dz.is_contiguous() else None)
+    if nc is not None:
+        return _fast.norm_bwd(nc, rms, dz, x2d, mu, rsigma, gamma, bool(zcg))
+    return K.norm_bwd(rms, dz, x2d, mu, rsigma, gamma, zcg)
 
 
 def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp):

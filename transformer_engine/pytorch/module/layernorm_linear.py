@@ -11,7 +11,7 @@ import torch
 
 from ..library import dispatch as K
 from . import _gemms, _parallel
-from ._casts import cast, check_fp8_dims, record_amax
+from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from .linear import _split_names, split_weight_and_bias
@@ -25,7 +25,6 @@ class _LayerNormLinearFn(torch.autograd.Function):
         x2d = inp.reshape(-1, in_features)
         x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
         g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
-        norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
         need_wgrad = weight.requires_grad
         need_dgrad = inp.requires_grad or ln_weight.requires_grad or (ln_bias is not None and ln_bias.requires_grad)
         tp = module.norm_tp()
@@ -66,16 +65,18 @@ class _LayerNormLinearFn(torch.autograd.Function):
         dy = grad_out.reshape(-1, out_features)
         dy = (dy if dy.dtype == ctx.dtype else dy.to(ctx.dtype)).contiguous()
         x2d, mu, rsigma, g, ln_saved, ln_sinv, w_saved, w_sinv = ctx.saved_tensors
-        db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias_grad else None
+        db_dtype = ctx.bias_dtype if ctx.has_bias_grad else None
+        db = None
         dln = dw = None
         fuse = module.fuse_wgrad_accumulation
         if ctx.fp8:
-            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, ctx.need_wgrad)
+            dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)
             if ctx.need_wgrad:
                 dw = _gemms.wgrad_fp8(ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse)
         else:
+            db = dy.sum(0, dtype=torch.float32).to(db_dtype) if db_dtype is not None else None
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if ctx.need_dgrad:

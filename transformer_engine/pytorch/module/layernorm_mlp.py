@@ -1,10 +1,13 @@
 """te.LayerNormMLP: y = FC2(act(FC1(norm(x)))) as one autograd Function.
 
 FP8 forward: norm straight to FP8 (delayed scaling), FC1 GEMM with the bias epilogue, the
-activation kernel writing FP8 (its amax recorded on the way), a 1-byte transpose for FC2's wgrad,
-FC2 GEMM with bias. Backward: FC2 dgrad, then the fused dbias + dact kernel writing the FP8
-gradient (delayed scaling) and a 1-byte transpose, FC1 dgrad/wgrad, norm backward. High
-precision GELU runs FC1 with the GELU epilogue (its aux output is the saved pre-activation)."""
+activation kernel writing FP8 and its transpose for FC2's wgrad in one pass (delayed scaling;
+current scaling needs the activation's amax first: activation, then cast+transpose), FC2 GEMM
+with bias. Backward: dy cast+transposed with FC2's bias gradient in one pass, FC2 dgrad, then
+one kernel for dact + FC1's bias gradient + FP8 cast + transpose (delayed scaling), FC1
+dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue (its aux output
+is the saved pre-activation). On the native core in eager mode these run as direct calls
+(_fast.py); the checked ops serve torch.compile, checkpoint recompute and the reference."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -13,12 +16,21 @@ import torch
 
 from ..library import dispatch as K
 from ..ops.activation import ACTIVATIONS, GATED
-from . import _gemms, _parallel
-from ._casts import cast, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
+from . import _fast, _gemms, _parallel
+from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED)
+
+
+def _direct(fi, h, backward=False):
+    """The direct native call (_fast.py) for the fused FP8 kernels that use the module's own scale
+    (in the forward, not a checkpoint's recorded one), else None."""
+    ok = _fast.usable_backward(fi) if backward else _fast.usable(fi)
+    if not ok or h.dim() != 2 or not h.is_contiguous():
+        return None
+    return _fast.native_call(h)
 
 
 def _act_fp8(fi, h, activation, slot):
@@ -27,6 +39,10 @@ def _act_fp8(fi, h, activation, slot):
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
+        nc = _fast.native_call(h) if h.dim() == 2 and h.is_contiguous() else None
+        if nc is not None:
+            return _fast.activation_fp8(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
+                                        activation in GATED, fi.rs.fwd_dtype, scale, amax)
         return K.activation_forward(h, activation, fi.rs.fwd_dtype, scale, amax)
     a = K.activation_forward(h, activation)
     data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
@@ -39,8 +55,13 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
-    aq, a_sinv = _act_fp8(fi, h, act, 2)
-    aq_t = transposed(aq) if need["w2"] else None
+    nc = _direct(fi, h) if fi.rs.delayed and need["w2"] else None
+    if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
+        aq, aq_t, a_sinv = _fast.act_cast_transpose(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
+                                                    act in GATED, 2)
+    else:
+        aq, a_sinv = _act_fp8(fi, h, act, 2)
+        aq_t = transposed(aq) if need["w2"] else None
     w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
@@ -84,13 +105,27 @@ def _fc2_dgrad(ctx, w2_arg, w2_sinv, dyq, dy_sinv):
 
 
 def _dact_fp8(ctx, da, h, need_transpose):
-    """(dh fp8, dh_t fp8 or None, scale_inv, db1). Delayed scaling, plain activation: the
-    dbias + dact kernel writes FP8 directly (amax recorded), then a 1-byte transpose. Otherwise
-    high precision, then cast + transpose (current scaling needs dh's amax first)."""
+    """(dh fp8, dh_t fp8 or None, scale_inv, db1). Delayed scaling: one fused kernel (direct
+    path), or the dbias + dact kernel writing FP8 then a 1-byte transpose (plain activations).
+    Otherwise high precision, then cast + transpose (current scaling needs dh's amax first)."""
     rs, act = ctx.fi.rs, ctx.module.activation
+    nc = (_direct(ctx.fi, h, backward=True) if rs.delayed and need_transpose and da.is_contiguous()
+          and da.dtype == h.dtype else None)
+    if nc is not None:  # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass
+        dhq, dhq_t, db1, dh_sinv = _fast.dact_dbias_cast_transpose(
+            nc, rs, da, h, ACTIVATIONS[GATED.get(act, act)], act in GATED, 1,
+            h.dtype if ctx.b1_grad else None)
+        return dhq, dhq_t, dh_sinv, db1
     if rs.delayed and act not in GATED:
         scale, amax = cast_scale(rs, None, False, 1, None)
-        dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale, amax=amax)
+        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
+              and da.dtype == h.dtype else None)
+        if nc is not None:
+            dhq, db1, dh_sinv = _fast.dbias_dact_fp8(nc, da, h, ACTIVATIONS[act], h.dtype,
+                                                     rs.bwd_dtype, scale, amax)
+        else:
+            dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale,
+                                                    amax=amax)
         dhq_t = transposed(dhq) if need_transpose else None
         return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
     dh, db1 = _dact(act, da, h, ctx.b1_grad, ctx.dtype)
@@ -138,10 +173,11 @@ class _LayerNormMLPFn(torch.autograd.Function):
         (x2d, mu, rsigma, g, ln_t, ln_sinv, w1_t, w1_sinv, h, a_t, a_sinv, w2_t, w2_sinv) = ctx.saved_tensors
         dy = grad_out.reshape(-1, w2_shape[0])
         dy = (dy if dy.dtype == dtype else dy.to(dtype)).contiguous()
-        db2 = dy.sum(0, dtype=torch.float32).to(ctx.param_dtypes[3]) if ctx.b2_grad else None
+        db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
+        db2 = None
         dw1 = dw2 = dln = None
         if ctx.fp8:
-            dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need["w2"])
+            dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
             da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["w2"]:
                 dw2 = _gemms.wgrad_fp8(a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse)
@@ -151,6 +187,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
             if need["w1"]:
                 dw1 = _gemms.wgrad_fp8(ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse)
         else:
+            db2 = dy.sum(0, dtype=torch.float32).to(db2_dtype) if db2_dtype is not None else None
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             dh, db1 = _dact(module.activation, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)

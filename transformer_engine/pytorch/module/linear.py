@@ -53,7 +53,7 @@ class _LinearFn(torch.autograd.Function):
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
-        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.nc = fp8, fi, dtype, fuse_wgrad, nc is not None
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse = fp8, fi, dtype, fuse_wgrad
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.weight = weight if fuse_wgrad else None
         ctx.shapes = (inp.shape, out_features, in_features)
@@ -67,12 +67,18 @@ class _LinearFn(torch.autograd.Function):
             dy = dy.to(ctx.dtype)
         dy = dy.contiguous()
         fi = ctx.fi
-        nc = _fast.native_call(dy) if ctx.nc and dy.shape[0] > 0 else None
-        db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad else None
+        # the direct path whenever it can serve the backward, whichever path the forward took
+        # (a checkpoint recompute's forward replays scales on the checked ops): plain and
+        # checkpointed steps then run the same backward kernels, bit for bit
+        nc = _fast.native_call(dy) if dy.shape[0] > 0 and _fast.usable_backward(fi) else None
+        # the FP8 direct path takes the bias gradient from its cast of dy (one pass over dy)
+        fused_db = ctx.fp8 and nc is not None and ctx.need_wgrad and ctx.has_bias_grad
+        db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad and not fused_db else None
         if ctx.fp8:
             xq_t, x_sinv, wq_t, w_sinv = ctx.saved_tensors
             if nc is not None:
-                dx, dw = _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv)
+                dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv)
+                db = fdb if fused_db else db
             else:
                 dx, dw = _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv)
         else:
@@ -110,10 +116,14 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
 
 
 def _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv):
-    """The same GEMMs as _fp8_backward, through the direct native calls."""
+    """The same GEMMs as _fp8_backward, through the direct native calls; with a weight gradient
+    to make, dy's cast+transpose also yields the bias gradient (returned third, else None)."""
     _, out_features, in_features = ctx.shapes
-    dx = dw = None
-    dyq, dyq_t, dy_sinv = _fast.cast(nc, ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
+    dx = dw = db = None
+    if ctx.need_wgrad and ctx.has_bias_grad:
+        dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, ctx.fi.rs, dy, 0, ctx.bias_dtype)
+    else:
+        dyq, dyq_t, dy_sinv = _fast.cast(nc, ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
     if ctx.need_dgrad:
         dx = _fast.gemm(nc, wq_t, True, dyq, False, torch.empty(dy.shape[0], in_features,
                         dtype=ctx.dtype, device=dy.device), w_sinv, dy_sinv)
@@ -124,7 +134,7 @@ def _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv):
         else:
             dw = _fast.gemm(nc, xq_t, True, dyq_t, False, torch.empty(out_features, in_features,
                             dtype=ctx.dtype, device=dy.device), x_sinv, dy_sinv, fast_accum=False)
-    return dx, dw
+    return dx, dw, db
 
 
 def _split_names(parameters_split, out_features):
