@@ -8,7 +8,8 @@ no dropout. A step = forward + backward (input and parameter gradients). Contend
   torch_eager   plain block: nn.LayerNorm, nn.Linear, F.scaled_dot_product_attention(is_causal),
                 tanh-GELU, BF16
   torch_compile torch.compile of the plain block
-Timed like bench_modules.py: events around single eager steps (common.time_ms, graph=False), grads
+Timed like bench_modules.py: events around single eager steps, the contenders taking turns over
+five rounds (common.time_interleaved_ms, graph=False), each keeping its median round; grads
 set to None before each step for every contender. The attention backend the dispatcher chose for
 te is printed and recorded.
 Bars: te_bf16 <= torch_compile; te_fp8 >= 1.45x faster than torch_eager (BF16).
@@ -86,18 +87,26 @@ def run_gpt_block(quick: bool = False) -> dict:
     delayed, current = recipe.DelayedScaling(), recipe.Float8CurrentScaling()  # one per run: the
     contenders = {                                          # modules keep state per recipe object
         "te_bf16": _step_fn(layer, x, grad),
-        "te_fp8": _step_fn(layer, x, grad, lambda: te.autocast(recipe=delayed)),
-        "te_fp8_cs": _step_fn(layer, x, grad, lambda: te.autocast(recipe=current)),
+        # one layer per recipe, so that taking turns never switches a layer's recipe state
+        "te_fp8": _step_fn(te_block(), x, grad, lambda: te.autocast(recipe=delayed)),
+        "te_fp8_cs": _step_fn(te_block(), x, grad, lambda: te.autocast(recipe=current)),
         "torch_eager": _step_fn(plain, x, grad),
         "torch_compile": _step_fn(compiled, x, grad),
     }
     row = {"case": "gpt_block", "shape": f"h{HIDDEN} heads{HEADS} ffn{FFN} s{SEQ} b{BATCH}"}
+    runnable = {}
     for name, fn in contenders.items():
         try:
-            row[f"{name}_ms"] = common.time_ms(fn, warmup=3, reps=reps, graph=False)
+            fn()
+            runnable[name] = fn
         except Exception as exc:  # report a contender that cannot run (e.g. no FP8 on the device)
             row[f"{name}_ms"] = None
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    # the contenders take turns over rounds, each keeping its median round (clock drift hits all)
+    times = common.time_interleaved_ms(runnable, rounds=5, warmup=3, reps=max(2, reps // 5), graph=False)
+    for name in contenders:
+        if name in times:
+            row[f"{name}_ms"] = times[name]
         print(f"  {name:<14} {row[f'{name}_ms'] if row[f'{name}_ms'] is not None else row[f'{name}_error']}",
               flush=True)
     report = layer.self_attention.core_attention.last_backend_report
