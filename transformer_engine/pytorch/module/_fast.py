@@ -1,8 +1,11 @@
 """The eager hot path of the modules on a GPU with the native core: direct calls into the
 bindings with descriptors built inline, no argument checks (the module validated shapes and
 dtypes once per call) and no per-call scale tensors (scale/amax are passed as pointers into the
-module's recipe state). Everything else (reference backend, torch.compile tracing, checkpoint
-recompute, calibration) goes through the checked ops. Same kernels, same bits either way."""
+module's recipe state), plus the fused FP8 cast+transpose kernels (with the bias gradient, the
+activation or its derivative folded in). Everything else (reference backend, torch.compile
+tracing, a checkpoint recompute's forward, calibration, power-of-2 scales) goes through the
+checked ops. The FP8 data and scales are the same bits either way; a bias gradient summed by a
+fused kernel may differ in its last bit from the checked path's fp32 column sum (another order)."""
 from __future__ import annotations
 
 import torch
