@@ -11,6 +11,7 @@ import time
 import torch
 
 import transformer_engine.pytorch as te
+from bench_modules import step_fn  # benchmarks/ is on sys.path when this script runs
 from transformer_engine.common import recipe
 
 TOKENS, FIN, FOUT = 64, 1024, 1024
@@ -31,17 +32,7 @@ def main():
         mod = te.Linear(FIN, FOUT, params_dtype=dt, device="cuda")
     r = {"bf16": None, "torch": None, "delayed": recipe.DelayedScaling(),
          "current": recipe.Float8CurrentScaling()}[args.recipe]
-    params = list(mod.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        if r is None:
-            y = mod(x)
-        else:
-            with te.fp8_autocast(enabled=True, fp8_recipe=r):
-                y = mod(x)
-        y.backward(dy)
+    step = step_fn(mod, x, dy, r)  # the step bench_modules.py times
 
     for _ in range(50):
         step()
