@@ -136,23 +136,38 @@ def _check_recipe(recipe, who):
     return recipe
 
 
-@contextlib.contextmanager
-def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
-    if enabled or calibrating:
-        recipe = _check_recipe(recipe, "autocast")
-    s = FP8GlobalState
-    saved = (s.enabled, s.calibrating, s.recipe, s.group)
-    outermost = s.depth == 0
-    if outermost:
-        s.step = _Step(recipe, amax_reduction_group)
-    s.enabled, s.calibrating = bool(enabled), bool(calibrating)
-    s.recipe, s.group = recipe, amax_reduction_group
-    s.depth += 1
-    try:
-        yield
-    finally:
+class _AutocastContext(contextlib.ContextDecorator):
+    """The autocast context: sets FP8GlobalState on entry, restores it on exit; the outermost
+    one opens a step on entry and runs the step's forward update on exit. A class rather than a
+    generator context manager: entered and left on every training step, and the generator
+    protocol costs several times the work done here. Usable as a decorator (a fresh context per
+    call)."""
+
+    def __init__(self, enabled, calibrating, recipe, amax_reduction_group):
+        self._args = (enabled, calibrating, recipe, amax_reduction_group)
+        self._saved = []
+
+    def _recreate_cm(self):
+        return _AutocastContext(*self._args)
+
+    def __enter__(self):
+        enabled, calibrating, recipe, group = self._args
+        if enabled or calibrating:
+            recipe = _check_recipe(recipe, "autocast")
+        s = FP8GlobalState
+        outermost = s.depth == 0
+        self._saved.append((s.enabled, s.calibrating, s.recipe, s.group, outermost))
+        if outermost:
+            s.step = _Step(recipe, group)
+        s.enabled, s.calibrating = bool(enabled), bool(calibrating)
+        s.recipe, s.group = recipe, group
+        s.depth += 1
+        return None
+
+    def __exit__(self, exc_type, exc, tb):
+        s = FP8GlobalState
         s.depth -= 1
-        s.enabled, s.calibrating, s.recipe, s.group = saved
+        s.enabled, s.calibrating, s.recipe, s.group, outermost = self._saved.pop()
         if outermost:
             step, s.step = s.step, None
             step.exited = True
@@ -160,6 +175,11 @@ def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
             if step.pending_backward <= 0 and step.states and not step.bwd_done:
                 step.bwd_done = True  # nothing will run backward (inference): no backward update
             step.release_if_done()
+        return False
+
+
+def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
+    return _AutocastContext(enabled, calibrating, recipe, amax_reduction_group)
 
 
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
@@ -245,6 +265,7 @@ class RecipeState:
         self.bwd_max = fp8_formats.fp8_max(fmt.value.bwd, flavor)
         self.step_id = None
         self._ptrs = None
+        self._on_native = None
         self._update_descs = None
         if not allocate:  # formats only (a traced current-scaling call)
             return
@@ -259,6 +280,13 @@ class RecipeState:
         self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
+
+    def __getstate__(self):
+        # copies (deepcopy of a module, pickling) get their own tensors: cached raw pointers
+        # and descriptors would still address the original's
+        state = self.__dict__.copy()
+        state["_ptrs"] = state["_update_descs"] = state["_on_native"] = None
+        return state
 
     def _pointers(self):
         # (history, scale, scale_inv, fp8_max) as raw pointers for the native fast path (the
@@ -292,6 +320,13 @@ class RecipeState:
     @property
     def native(self) -> bool:
         return native.use_native(self.scale_fwd)
+
+    def on_native(self) -> bool:
+        """`native`, asked once (the state's tensors never change device)."""
+        flag = self._on_native
+        if flag is None:
+            flag = self._on_native = self.native
+        return flag
 
     def _make_views(self):
         self.fwd_scale = [self.scale_fwd[i:i + 1] for i in range(self.scale_fwd.numel())]
@@ -410,9 +445,15 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
     algo = recipe.amax_compute_algo
     code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
     first = states[0]
-    if code is not None and first.native and all(s.device == first.device for s in states):
-        # the common case: one launch through the binding, descriptors cached per module
-        desc = [d for d in (s.update_desc(forward) for s in states) if d is not None]
+    if code is not None and first.on_native() and (
+            len(states) == 1 or all(s.device == first.device for s in states)):
+        # the common case: one launch through the binding, descriptors cached per module (this
+        # runs twice per training step: kept free of per-call imports and property lookups)
+        desc = []
+        for s in states:
+            d = s.update_desc(forward)
+            if d is not None:
+                desc.append(d)
         if desc:
             native.native_for_torch().delayed_scaling_update(
                 desc, code, float(recipe.margin), _raw_stream(first.device))
@@ -428,8 +469,11 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}
+_RAW_STREAM = []  # module._fast.raw_stream, imported on first use (module imports this file)
 
 
 def _raw_stream(device):
-    from .module._fast import raw_stream
-    return raw_stream(device)
+    if not _RAW_STREAM:
+        from .module._fast import raw_stream
+        _RAW_STREAM.append(raw_stream)
+    return _RAW_STREAM[0](device)

@@ -90,6 +90,85 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
     return (rs.fwd_dtype if forward else rs.bwd_dtype), 0, scale + off
 
 
+# ----- arenas: several outputs of a step in one allocation ---------------------------------------
+# torch.empty costs several microseconds of host time on a slow host, more than a launch; the
+# Linear step makes its FP8 operands (data, transpose, scale_inv, workspaces) as regions of a
+# few uint8 buffers, grouped by lifetime (forward-only scratch, kept for backward), and passes
+# the regions to the kernels as raw descriptors. Regions start on 256-byte boundaries (cuBLASLt
+# and the vectorised kernels want 16; the caching allocator's blocks are 512-aligned).
+_ALIGN = 256
+_F32 = _CODE[torch.float32]
+
+
+def aligned(nbytes: int) -> int:
+    return (nbytes + _ALIGN - 1) & -_ALIGN
+
+
+def arena(nbytes: int, device) -> torch.Tensor:
+    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+
+
+def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
+    """A region of an arena as a tensor (only where a tensor object is needed: checked ops)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return buf[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
+
+
+def cast_raw(nc, rs, x_desc, forward: bool, slot: int, data_ptr: int, t_ptr: int, sinv_ptr: int):
+    """Casts the 2-D x (descriptor) to the recipe's FP8 format into raw regions (its transpose
+    too when t_ptr); returns the FP8 dtype code. The same kernels and bits as cast()."""
+    dtype, amax_ptr, scale_ptr = _scaling(nc, rs, x_desc, forward, slot)
+    rows, cols = x_desc[1]
+    code = _CODE[dtype]
+    out = (data_ptr, (rows, cols), code, amax_ptr, scale_ptr, sinv_ptr)
+    if t_ptr:
+        nc.mod.cast_transpose(x_desc, out, (t_ptr, (cols, rows), code, 0, 0, 0), nc.stream)
+    else:
+        nc.mod.quantize(x_desc, out, nc.stream)
+    return code
+
+
+def cast_dbias_raw(nc, rs, dy_desc, slot: int, dbias, dbias_dtype):
+    """dy's FP8 cast, transpose and bias gradient (backward slot) into one arena: returns
+    (arena, dyq descriptor, dyq_t descriptor, scale_inv pointer); dbias is filled."""
+    dtype, amax_ptr, scale_ptr = _scaling(nc, rs, dy_desc, False, slot)
+    rows, cols = dy_desc[1]
+    code = _CODE[dtype]
+    n = aligned(rows * cols)
+    key = ("ctdb", rows, cols, dy_desc[2], code, dbias_dtype)
+    ws_shape = _WS_SHAPES.get(key)
+    if ws_shape is None:
+        # the size query checks descriptors but reads no memory: dy's address stands in for the
+        # outputs' (not allocated yet, their size depends on the answer)
+        p = dy_desc[0]
+        ws_shape = _WS_SHAPES[key] = tuple(nc.mod.cast_transpose_dbias_workspace(
+            dy_desc, (p, (rows, cols), code, amax_ptr, scale_ptr, p), (p, (cols, rows), code, 0, 0, 0),
+            _desc(dbias)))
+    ws_elems = 1
+    for d in ws_shape:
+        ws_elems *= d
+    buf = arena(2 * n + _ALIGN + 4 * ws_elems, dbias.device)
+    base = buf.data_ptr()
+    q = (base, (rows, cols), code, amax_ptr, scale_ptr, base + 2 * n)
+    q_t = (base + n, (cols, rows), code, 0, 0, 0)
+    ws = (base + 2 * n + _ALIGN, ws_shape, _F32, 0, 0, 0)
+    nc.mod.cast_transpose_dbias(dy_desc, q, q_t, _desc(dbias), ws, nc.stream)
+    return buf, q, q_t, base + 2 * n
+
+
+def gemm_raw(nc, a, transa, b, transb, out, a_sinv=0, b_sinv=0, bias=None, beta=0.0,
+             fast_accum=True):
+    """gemm() on descriptors: a and b as (ptr, shape, code) (FP8 scale_inv pointers apart), out
+    and bias as tensors."""
+    nc.mod.gemm((a[0], a[1], a[2], 0, 0, a_sinv), transa, (b[0], b[1], b[2], 0, 0, b_sinv), transb,
+                _desc(out), _desc(bias) if bias is not None else None, None,
+                EPILOGUE_BIAS if bias is not None else EPILOGUE_NONE, 1.0, beta, fast_accum,
+                nc.ws_ptr, nc.ws_size, nc.stream)
+    return out
+
+
 def _fp8_outputs(x, rows, cols, dtype, transpose: bool):
     device = x.device
     out = torch.empty(x.shape, dtype=dtype, device=device)

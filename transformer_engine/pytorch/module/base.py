@@ -79,9 +79,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 rs.load_dict(self._pending_fp8_extra_state)
                 self._pending_fp8_extra_state = None
         phase = s.recompute_phase
-        from ._casts import record_list, replay_list
-        replay = replay_list(self, phase) if s.enabled else None
-        record = record_list(self, phase) if s.enabled else None
+        replay = record = None
+        if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
+            from ._casts import record_list, replay_list
+            replay, record = replay_list(self, phase), record_list(self, phase)
         # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2,
         # run under the forward's step) will deliver
         step = q.register_forward(rs, expect_backward=phase != 2)
@@ -161,8 +162,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
             missing_keys.remove(key)  # saved before FP8 was used, or by another library
 
     def activation_dtype(self, inp: torch.Tensor) -> torch.dtype:
-        if torch.is_autocast_enabled(inp.device.type) and inp.device.type in ("cuda", "cpu"):
-            return torch.get_autocast_dtype(inp.device.type)
+        # is_cuda first: inp.device builds a device object per call (host time on every call)
+        kind = "cuda" if inp.is_cuda else inp.device.type
+        if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
         return inp.dtype
 
 

@@ -9,6 +9,7 @@ import torch
 
 from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from ..tensor import Float8Tensor
 from ..library import dispatch as K
 from . import _fast, _gemms, _parallel
 from ._casts import cast, check_fp8_dims, record_amax
@@ -18,7 +19,8 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, module, fi, dtype, is_first_microbatch, fuse_wgrad, nc):
         out_features, in_features = weight.shape
-        x2d = inp.reshape(-1, in_features)
+        # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
+        x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
         if x2d.dtype != dtype:
             x2d = x2d.to(dtype)
         x2d = x2d.contiguous()
@@ -29,19 +31,18 @@ class _LinearFn(torch.autograd.Function):
         ctx.bias_dtype = bias.dtype if bias is not None else None
         if bias is not None and bias.dtype != dtype:
             bias = bias.to(dtype)
+        ctx.layout = None
         if fp8:
             check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
             if nc is not None:
-                xq, xq_t, x_sinv = _fast.cast(nc, fi.rs, x2d, True, 0, need_wgrad)
+                y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
+                                      need_wgrad, is_first_microbatch)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
-            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
-            if nc is not None:
-                y = _fast.gemm(nc, wq, True, xq, False, torch.empty(tokens, out_features, dtype=dtype,
-                               device=x2d.device), w_sinv, x_sinv, bias)
-            else:
+                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
+                                                     is_first_microbatch)
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
-            ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
+                ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
             if fi.calibrating:
@@ -53,16 +54,16 @@ class _LinearFn(torch.autograd.Function):
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
-        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse = fp8, fi, dtype, fuse_wgrad
+        ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.weight = weight if fuse_wgrad else None
         ctx.shapes = (inp.shape, out_features, in_features)
-        return y.view(*inp.shape[:-1], out_features)
+        return y if inp.dim() == 2 else y.view(*inp.shape[:-1], out_features)
 
     @staticmethod
     def backward(ctx, grad_out):
         inp_shape, out_features, in_features = ctx.shapes
-        dy = grad_out.reshape(-1, out_features)
+        dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, out_features)
         if dy.dtype != ctx.dtype:
             dy = dy.to(ctx.dtype)
         dy = dy.contiguous()
@@ -75,12 +76,12 @@ class _LinearFn(torch.autograd.Function):
         fused_db = ctx.fp8 and nc is not None and ctx.need_wgrad and ctx.has_bias_grad
         db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad and not fused_db else None
         if ctx.fp8:
-            xq_t, x_sinv, wq_t, w_sinv = ctx.saved_tensors
+            saved = ctx.saved_tensors
             if nc is not None:
-                dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv)
+                dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, saved)
                 db = fdb if fused_db else db
             else:
-                dx, dw = _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv)
+                dx, dw = _fp8_backward(ctx, dy, *_saved_fp8_tensors(ctx, saved))
         else:
             x2d, w = ctx.saved_tensors
             if fi.calibrating:
@@ -97,7 +98,7 @@ class _LinearFn(torch.autograd.Function):
                     dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
         if fi.step is not None:
             fi.step.backward_finished()
-        if dx is not None:
+        if dx is not None and len(inp_shape) != 2:
             dx = dx.view(inp_shape)
         return dx, dw, db, None, None, None, None, None, None
 
@@ -115,25 +116,107 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
     return dx, dw
 
 
-def _fp8_backward_fast(ctx, nc, dy, xq_t, x_sinv, wq_t, w_sinv):
-    """The same GEMMs as _fp8_backward, through the direct native calls; with a weight gradient
-    to make, dy's cast+transpose also yields the bias gradient (returned third, else None)."""
-    _, out_features, in_features = ctx.shapes
-    dx = dw = db = None
-    if ctx.need_wgrad and ctx.has_bias_grad:
-        dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, ctx.fi.rs, dy, 0, ctx.bias_dtype)
+# ----- the direct FP8 path: operands in arenas (see _fast.py) ------------------------------------
+# forward: `scratch` holds the FP8 data of x and W (read by the fprop GEMM only), `kept` what the
+# backward reads: [x scale_inv, W scale_inv | x.T | W.T]; ctx.layout keeps the offsets.
+
+def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
+                      is_first_microbatch):
+    """y = x @ W.T (+ bias) in FP8 through the direct native calls (the same kernels and bits as
+    the checked path); the FP8 operands live in two allocations instead of six."""
+    rs, device = fi.rs, x2d.device
+    tokens, in_features = x2d.shape
+    out_features = weight.shape[0]
+    # a weight cast of this step (not a Float8Tensor, no microbatch cache) joins the arenas
+    fresh_w = is_first_microbatch is None and not isinstance(weight, Float8Tensor)
+    nx, nw = _fast.aligned(tokens * in_features), _fast.aligned(out_features * in_features)
+    off_xt = _fast._ALIGN
+    off_wt = off_xt + (nx if need_wgrad else 0)
+    kept = _fast.arena(off_wt + (nw if fresh_w and need_dgrad else 0), device)
+    scratch = _fast.arena(nx + (nw if fresh_w else 0), device)
+    kp, sp = kept.data_ptr(), scratch.data_ptr()
+    x_desc = (x2d.data_ptr(), x2d.shape, _fast._CODE[x2d.dtype], 0, 0, 0)
+    code = _fast.cast_raw(nc, rs, x_desc, True, 0, sp, kp + off_xt if need_wgrad else 0, kp)
+    xq = (sp, (tokens, in_features), code)
+    if fresh_w:
+        w = weight.contiguous()
+        w_desc = (w.data_ptr(), w.shape, _fast._CODE[w.dtype], 0, 0, 0)
+        _fast.cast_raw(nc, rs, w_desc, True, 1, sp + nx, kp + off_wt if need_dgrad else 0, kp + 4)
+        wq, w_sinv_ptr, wq_t, w_sinv = (sp + nx, (out_features, in_features), code), kp + 4, None, None
     else:
-        dyq, dyq_t, dy_sinv = _fast.cast(nc, ctx.fi.rs, dy, False, 0, ctx.need_wgrad)
+        data, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
+        wq, w_sinv_ptr = (data.data_ptr(), data.shape, _fast._CODE[data.dtype]), w_sinv.data_ptr()
+    y = _fast.gemm_raw(nc, wq, True, xq, False, torch.empty(tokens, out_features, dtype=dtype,
+                       device=device), w_sinv_ptr, kp, bias)
+    ctx.save_for_backward(kept, None, wq_t, w_sinv)
+    ctx.layout = (off_xt, off_wt if fresh_w else None)
+    return y
+
+
+def _saved_fp8_tensors(ctx, saved):
+    """(xq_t, x_sinv, wq_t, w_sinv) as tensors, whichever forward path saved them (the checked
+    backward needs tensor objects; arenas give views)."""
+    if ctx.layout is None:
+        return saved
+    kept, _, wq_t, w_sinv = saved
+    off_xt, off_wt = ctx.layout
+    _, out_features, in_features = ctx.shapes
+    dtype = ctx.fi.rs.fwd_dtype
+    tokens = ctx.tokens
+    xq_t = _fast.region_view(kept, off_xt, (in_features, tokens), dtype) if ctx.need_wgrad else None
+    x_sinv = _fast.region_view(kept, 0, (1,), torch.float32)
+    if off_wt is not None:
+        wq_t = _fast.region_view(kept, off_wt, (in_features, out_features), dtype) if ctx.need_dgrad else None
+        w_sinv = _fast.region_view(kept, 4, (1,), torch.float32)
+    return xq_t, x_sinv, wq_t, w_sinv
+
+
+def _fp8_backward_fast(ctx, nc, dy, saved):
+    """dgrad and wgrad through the direct native calls on the saved operands (arena regions or
+    tensors); with a weight gradient to make, dy's cast+transpose also yields the bias gradient
+    (returned third, else None). dy's FP8 data, transpose and scale_inv share one allocation."""
+    _, out_features, in_features = ctx.shapes
+    rs, tokens = ctx.fi.rs, dy.shape[0]
+    if ctx.layout is None:  # a checked forward (checkpoint recompute) saved tensors
+        xq_t, x_sinv, wq_t, w_sinv = saved
+        x_t = (xq_t.data_ptr(), xq_t.shape, _fast._CODE[xq_t.dtype]) if xq_t is not None else None
+        x_sinv_ptr = x_sinv.data_ptr()
+    else:
+        kept, _, wq_t, w_sinv = saved
+        kp = kept.data_ptr()
+        off_xt, off_wt = ctx.layout
+        code = _fast._CODE[rs.fwd_dtype]
+        x_t, x_sinv_ptr = (kp + off_xt, (in_features, tokens), code), kp
+        if off_wt is not None:
+            w_t, w_sinv_ptr = (kp + off_wt, (in_features, out_features), code), kp + 4
+    if ctx.layout is None or off_wt is None:
+        w_t = (wq_t.data_ptr(), wq_t.shape, _fast._CODE[wq_t.dtype]) if wq_t is not None else None
+        w_sinv_ptr = w_sinv.data_ptr()
+    dx = dw = db = None
+    dy_desc = (dy.data_ptr(), dy.shape, _fast._CODE[dy.dtype], 0, 0, 0)
+    if ctx.need_wgrad and ctx.has_bias_grad:
+        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=dy.device)
+        buf, dyq, dyq_t, dy_sinv = _fast.cast_dbias_raw(nc, rs, dy_desc, 0, db, ctx.bias_dtype)
+    else:
+        n = _fast.aligned(tokens * out_features)
+        n_t = n if ctx.need_wgrad else 0
+        buf = _fast.arena(n + n_t + 4, dy.device)
+        bp = buf.data_ptr()
+        dy_sinv = bp + n + n_t
+        code = _fast.cast_raw(nc, rs, dy_desc, False, 0, bp, bp + n if ctx.need_wgrad else 0, dy_sinv)
+        dyq, dyq_t = (bp, (tokens, out_features), code), (bp + n, (out_features, tokens), code)
     if ctx.need_dgrad:
-        dx = _fast.gemm(nc, wq_t, True, dyq, False, torch.empty(dy.shape[0], in_features,
-                        dtype=ctx.dtype, device=dy.device), w_sinv, dy_sinv)
+        dx = _fast.gemm_raw(nc, w_t, True, dyq, False, torch.empty(tokens, in_features,
+                            dtype=ctx.dtype, device=dy.device), w_sinv_ptr, dy_sinv)
     if ctx.need_wgrad:
         if ctx.fuse:
             out, _ = _gemms.wgrad_out(ctx.weight, True)
-            _fast.gemm(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0, fast_accum=False)
+            _fast.gemm_raw(nc, x_t, True, dyq_t, False, out, x_sinv_ptr, dy_sinv, beta=1.0,
+                           fast_accum=False)
         else:
-            dw = _fast.gemm(nc, xq_t, True, dyq_t, False, torch.empty(out_features, in_features,
-                            dtype=ctx.dtype, device=dy.device), x_sinv, dy_sinv, fast_accum=False)
+            dw = _fast.gemm_raw(nc, x_t, True, dyq_t, False, torch.empty(out_features, in_features,
+                                dtype=ctx.dtype, device=dy.device), x_sinv_ptr, dy_sinv,
+                                fast_accum=False)
     return dx, dw, db
 
 
