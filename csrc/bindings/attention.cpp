@@ -9,10 +9,11 @@ namespace te_py {
 namespace {
 
 NVTEAttnParams params_from_tuple(const py::tuple& t) {
-  if (t.size() != 14)
+  if (t.size() != 14 && t.size() != 15)
     throw py::value_error("attention params must be a 14-tuple (batch, heads_q, heads_kv, "
                           "seqlen_q, seqlen_kv, dim_qk, dim_v, dtype, format, mask, left, right, "
-                          "scale, deterministic), got " + std::to_string(t.size()) + " items");
+                          "scale, deterministic) or that plus the 12 layout strides of q, k, v, "
+                          "out; got " + std::to_string(t.size()) + " items");
   NVTEAttnParams p{};
   p.batch = t[0].cast<int64_t>();
   p.num_heads_q = t[1].cast<int64_t>();
@@ -28,6 +29,14 @@ NVTEAttnParams params_from_tuple(const py::tuple& t) {
   p.window_right = t[11].cast<int64_t>();
   p.softmax_scale = t[12].cast<float>();
   p.deterministic = t[13].cast<bool>();
+  if (t.size() == 15 && !t[14].is_none()) {  // (q's 3, k's 3, v's 3, out's 3); 0s = dense
+    const py::tuple s = t[14].cast<py::tuple>();
+    if (s.size() != 12)
+      throw py::value_error("attention params: strides must be a 12-tuple (3 each of q, k, v, "
+                            "out), got " + std::to_string(s.size()) + " items");
+    int64_t* dst[4] = {p.stride_q, p.stride_k, p.stride_v, p.stride_o};
+    for (int i = 0; i < 12; ++i) dst[i / 3][i % 3] = s[i].cast<int64_t>();
+  }
   return p;
 }
 

@@ -89,7 +89,7 @@ size_t aux_bytes(const AttnArgs& a) {
 }
 
 struct GraphKey {
-  std::array<int64_t, 17> v;
+  std::array<int64_t, 29> v;
   bool operator==(const GraphKey& o) const { return v == o.v; }
 };
 struct GraphKeyHash {
@@ -108,17 +108,24 @@ GraphKey key_of(const AttnArgs& a, bool bwd, int device) {
   uint32_t scale_bits;
   static_assert(sizeof(scale_bits) == sizeof(p.softmax_scale), "float is 32-bit");
   std::memcpy(&scale_bits, &p.softmax_scale, sizeof(scale_bits));
-  return GraphKey{{device, bwd ? 1 : 0, p.batch, p.num_heads_q, p.num_heads_kv, p.max_seqlen_q,
-                   p.max_seqlen_kv, p.head_dim_qk, p.head_dim_v, p.dtype, p.qkv_format,
-                   p.mask_type, a.window_left, a.window_right, scale_bits,
-                   p.deterministic ? 1 : 0, 0}};
+  // the graphs are built for the tensors' strides (packed projections differ from dense ones)
+  const LayoutStrides* st[4] = {&a.stride_q, &a.stride_k, &a.stride_v, &a.stride_o};
+  GraphKey key{{device, bwd ? 1 : 0, p.batch, p.num_heads_q, p.num_heads_kv, p.max_seqlen_q,
+                p.max_seqlen_kv, p.head_dim_qk, p.head_dim_v, p.dtype, p.qkv_format,
+                p.mask_type, a.window_left, a.window_right, scale_bits,
+                p.deterministic ? 1 : 0, 0}};
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 3; ++i) key.v[17 + 3 * t + i] = st[t]->v[i];
+  return key;
 }
 
-// Strides of a [b, h, s, d] view of a tensor in the layout (seqlen = the padded extent).
-std::vector<int64_t> strides_of(const AttnArgs& a, int64_t heads, int64_t seqlen, int64_t dim) {
+// Strides of the [b, h, s, d] view cuDNN takes of a tensor with layout strides `s` (seqlen =
+// the padded extent; THD's batch stride is a placeholder: its ragged offsets place sequences).
+std::vector<int64_t> strides_of(const AttnArgs& a, const LayoutStrides& s, int64_t seqlen) {
   switch (a.p.qkv_format) {
-    case kNVTEQKVFormatSBHD: return {heads * dim, dim, a.p.batch * heads * dim, 1};
-    default: return {seqlen * heads * dim, dim, heads * dim, 1};  // BSHD, THD (ragged)
+    case kNVTEQKVFormatBSHD: return {s.v[0], s.v[2], s.v[1], 1};
+    case kNVTEQKVFormatSBHD: return {s.v[1], s.v[2], s.v[0], 1};
+    default: return {seqlen * s.v[0], s.v[1], s.v[0], 1};  // THD (ragged)
   }
 }
 
@@ -170,11 +177,11 @@ GraphInputs declare_inputs(fe::graph::Graph& g, const AttnArgs& a) {
   const NVTEAttnParams& p = a.p;
   GraphInputs in;
   in.q = make_tensor(g, "Q", kQ, {p.batch, p.num_heads_q, p.max_seqlen_q, p.head_dim_qk},
-                     strides_of(a, p.num_heads_q, p.max_seqlen_q, p.head_dim_qk));
+                     strides_of(a, a.stride_q, p.max_seqlen_q));
   in.k = make_tensor(g, "K", kK, {p.batch, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_qk},
-                     strides_of(a, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_qk));
+                     strides_of(a, a.stride_k, p.max_seqlen_kv));
   in.v = make_tensor(g, "V", kV, {p.batch, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_v},
-                     strides_of(a, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_v));
+                     strides_of(a, a.stride_v, p.max_seqlen_kv));
   if (a.uses_lengths) {
     in.seq_q = make_int_tensor(g, "seq_q", kSeqQ, p.batch);
     in.seq_kv = make_int_tensor(g, "seq_kv", kSeqKV, p.batch);
@@ -230,7 +237,7 @@ std::shared_ptr<CachedGraph> build_forward(const AttnArgs& a, cudnnHandle_t hand
   auto [o, stats] = g.sdpa(in.q, in.k, in.v, attrs);
   o->set_output(true).set_uid(kO)
       .set_dim({p.batch, p.num_heads_q, p.max_seqlen_q, p.head_dim_v})
-      .set_stride(strides_of(a, p.num_heads_q, p.max_seqlen_q, p.head_dim_v));
+      .set_stride(strides_of(a, a.stride_o, p.max_seqlen_q));
   if (p.qkv_format == kNVTEQKVFormatTHD) o->set_ragged_offset(in.off_o);
   stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
       .set_dim({p.batch, p.num_heads_q, p.max_seqlen_q, 1})
@@ -247,7 +254,7 @@ std::shared_ptr<CachedGraph> build_backward(const AttnArgs& a, cudnnHandle_t han
   g.set_io_data_type(fe_dtype(p.dtype)).set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   GraphInputs in = declare_inputs(g, a);
-  const auto o_strides = strides_of(a, p.num_heads_q, p.max_seqlen_q, p.head_dim_v);
+  const auto o_strides = strides_of(a, a.stride_o, p.max_seqlen_q);
   const std::vector<int64_t> o_dims{p.batch, p.num_heads_q, p.max_seqlen_q, p.head_dim_v};
   auto o = make_tensor(g, "O", kO, o_dims, o_strides);
   auto d_o = make_tensor(g, "dO", kDO, o_dims, o_strides);
@@ -265,13 +272,13 @@ std::shared_ptr<CachedGraph> build_backward(const AttnArgs& a, cudnnHandle_t han
   auto [dq, dk, dv] = g.sdpa_backward(in.q, in.k, in.v, o, d_o, stats, attrs);
   dq->set_output(true).set_uid(kDQ)
       .set_dim({p.batch, p.num_heads_q, p.max_seqlen_q, p.head_dim_qk})
-      .set_stride(strides_of(a, p.num_heads_q, p.max_seqlen_q, p.head_dim_qk));
+      .set_stride(strides_of(a, a.stride_q, p.max_seqlen_q));
   dk->set_output(true).set_uid(kDK)
       .set_dim({p.batch, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_qk})
-      .set_stride(strides_of(a, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_qk));
+      .set_stride(strides_of(a, a.stride_k, p.max_seqlen_kv));
   dv->set_output(true).set_uid(kDV)
       .set_dim({p.batch, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_v})
-      .set_stride(strides_of(a, p.num_heads_kv, p.max_seqlen_kv, p.head_dim_v));
+      .set_stride(strides_of(a, a.stride_v, p.max_seqlen_kv));
   if (p.qkv_format == kNVTEQKVFormatTHD) {
     dq->set_ragged_offset(in.off_q);
     dk->set_ragged_offset(in.off_k);
@@ -338,8 +345,8 @@ void prepare_lengths(const AttnArgs& a, std::unordered_map<int64_t, void*>& pack
     pack[kOffV] = off_v;
     pack[kOffO] = off_o;
   }
-  CudnnRaggedStrides strides{p.num_heads_q * p.head_dim_qk, p.num_heads_kv * p.head_dim_qk,
-                             p.num_heads_kv * p.head_dim_v, p.num_heads_q * p.head_dim_v};
+  // THD: a sequence starts cu[i] tokens into each tensor (token strides; LayoutStrides v[0])
+  CudnnRaggedStrides strides{a.stride_q.v[0], a.stride_k.v[0], a.stride_v.v[0], a.stride_o.v[0]};
   launch_seqlens_and_offsets(a.cu_q, a.cu_kv, static_cast<int>(p.batch), strides, seq_q, seq_kv,
                              off_q, off_k, off_v, off_o, a.stream);
   const cudaError_t err = cudaGetLastError();

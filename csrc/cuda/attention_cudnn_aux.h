@@ -6,7 +6,8 @@
 namespace te {
 namespace attention {
 
-// Elements per token of q, k, v and o in the THD layout (heads * head dim).
+// Elements between consecutive tokens of q, k, v and o in the THD layout (heads * head dim when
+// dense; more for views of a packed projection).
 struct CudnnRaggedStrides {
   int64_t q, k, v, o;
 };

@@ -20,6 +20,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch.attention import backend_selection as bs
 from transformer_engine.pytorch.attention import DotProductAttention, InferenceParams, RotaryPositionEmbedding
 from transformer_engine.pytorch.ops import attention as attn_ops
+from transformer_engine.pytorch.ops import attention_packed
 from utils import native_gpu_reason, randn, tols
 
 HAS_GPU = not native_gpu_reason()
@@ -438,3 +439,150 @@ def test_rotary_table_and_apply(interleaved):
     torch.testing.assert_close(y[..., pairs[1]], b * c + a * s)
     half = RotaryPositionEmbedding(24, seq_len_interpolation_factor=2.0)(4)
     torch.testing.assert_close(half.view(4, 24)[:, 0], torch.arange(4.0) / 2)
+
+
+# ----- packed QKV: strided views in, gradients into one buffer -----------------------------------
+
+# (interleaved weight layout, heads, kv groups): interleaved packs MHA only (see can_pack)
+PACKINGS = [(True, 4, 4), (False, 4, 4), (False, 6, 2)]
+_SEQS = (19, 12)  # two sequences; bshd/sbhd use the first length for both
+
+
+def _mixed(fmt, heads, groups, d, dtype, device, seed=0):
+    lead = {"sbhd": (_SEQS[0], 2), "bshd": (2, _SEQS[0]), "thd": (sum(_SEQS),)}[fmt]
+    return randn(lead + ((heads + 2 * groups) * d,), dtype, device, seed).requires_grad_()
+
+
+def _split_copies(mixed, heads, groups, d, interleaved):
+    """q, k, v as MultiheadAttention split them before packing (torch.split, contiguous)."""
+    lead = mixed.shape[:-1]
+    if interleaved:
+        grouped = mixed.view(*lead, groups, heads // groups + 2, d)
+        q, k, v = torch.split(grouped, (heads // groups, 1, 1), dim=-2)
+        return q.reshape(*lead, heads, d), k.squeeze(-2), v.squeeze(-2)
+    q, k, v = torch.split(mixed, (heads * d, groups * d, groups * d), dim=-1)
+    return q.reshape(*lead, heads, d), k.reshape(*lead, groups, d), v.reshape(*lead, groups, d)
+
+
+@pytest.mark.parametrize("interleaved,heads,groups", PACKINGS)
+def test_split_packed_qkv_views_and_gradients(interleaved, heads, groups):
+    """The packed split gives views of mixed (no copies) equal to torch.split's tensors, and the
+    gradients torch.split gives, also when a view is unused (its part of the gradient is zero)."""
+    mixed = _mixed("sbhd", heads, groups, 8, torch.float32, "cpu")
+    assert attention_packed.can_pack(mixed, heads, groups, interleaved)
+    q, k, v = attention_packed.split_packed_qkv(mixed, heads, groups, 8, interleaved)
+    ref = _split_copies(mixed, heads, groups, 8, interleaved)
+    lo, hi = mixed.data_ptr(), mixed.data_ptr() + mixed.numel() * mixed.element_size()
+    for got, want in zip((q, k, v), ref):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert lo <= got.data_ptr() < hi and not got.is_contiguous()
+    assert attention_packed.pack_of(q, k, v) is not None
+    weights = [randn(t.shape, torch.float32, "cpu", 20 + i) for i, t in enumerate(ref)]
+    for used in ((0, 1, 2), (0, 2)):
+        got = torch.autograd.grad(sum((q, k, v)[i].mul(weights[i]).sum() for i in used), mixed)[0]
+        want = torch.autograd.grad(sum(ref[i].mul(weights[i]).sum() for i in used), mixed)[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="split_packed_qkv"):
+        attention_packed.split_packed_qkv(mixed, 6, 2, 8, True)   # interleaved GQA: no views
+
+
+def test_packed_gradient_buffer_becomes_the_gradient():
+    """Gradients written as the pack's views of one buffer reach mixed as that buffer (no copy)."""
+    seen = []
+
+    class FillPacked(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.pack = attention_packed.pack_of(q, k, v)
+            return q.sum() + k.sum() + v.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            buf, grads = ctx.pack.new_grads(zero=False)
+            for i, t in enumerate(grads):
+                t.fill_(i + 1.0)
+            seen.append(buf)
+            return grads
+
+    leaf = _mixed("bshd", 4, 2, 8, torch.float32, "cpu")
+    mixed = leaf * 1.0
+    grads = []
+    mixed.register_hook(grads.append)
+    q, k, v = attention_packed.split_packed_qkv(mixed, 4, 2, 8, False)
+    FillPacked.apply(q, k, v).backward()
+    assert grads[0].data_ptr() == seen[0].data_ptr()
+    want = torch.cat([torch.full((2, _SEQS[0], n * 8), float(i + 1)) for i, n in enumerate((4, 2, 2))], -1)
+    torch.testing.assert_close(grads[0], want, rtol=0, atol=0)
+
+
+@_GPU_MARK
+@pytest.mark.parametrize("backend", ["cudnn", "portable"])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved,heads,groups", PACKINGS)
+def test_packed_qkv_attention(backend, fmt, interleaved, heads, groups, monkeypatch):
+    """DotProductAttention on the views of a packed projection equals the reference on copies,
+    forward and mixed's gradient; cuDNN reads the views in place and writes the gradients into
+    one packed buffer that becomes mixed's gradient (the portable kernels work on copies)."""
+    for var, val in FORCE[backend].items():
+        monkeypatch.setenv(var, val)
+    d, dtype = 64, torch.bfloat16
+    mixed = _mixed(fmt, heads, groups, d, dtype, "cuda", seed=3)
+    mask = "padding_causal" if fmt == "thd" else "causal"
+    cu = torch.tensor([0, _SEQS[0], sum(_SEQS)], dtype=torch.int32, device="cuda")
+    extra = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(_SEQS),
+                 max_seqlen_kv=max(_SEQS)) if fmt == "thd" else {}
+    buffers, grads = [], []
+    new_grads = attention_packed.QKVPack.new_grads
+
+    def spy(self, zero):
+        buf, views = new_grads(self, zero)
+        buffers.append(buf)
+        return buf, views
+    monkeypatch.setattr(attention_packed.QKVPack, "new_grads", spy)
+    inner = mixed * 1.0
+    inner.register_hook(grads.append)
+    q, k, v = attention_packed.split_packed_qkv(inner, heads, groups, d, interleaved)
+    dpa = DotProductAttention(heads, d, num_gqa_groups=groups, qkv_format=fmt, attn_mask_type=mask)
+    out = dpa(q, k, v, **extra)
+    assert dpa.last_backend_report.chosen == backend, str(dpa.last_backend_report)
+    g_out = randn(out.shape, dtype, "cuda", 9)
+    out.backward(g_out)
+    ref_mixed = mixed.detach().clone().requires_grad_()
+    rq, rk, rv = (t.contiguous() for t in _split_copies(ref_mixed, heads, groups, d, interleaved))
+    ref = attn_ops.attention_reference(rq, rk, rv, qkv_format=fmt, mask_type=mask,
+                                       softmax_scale=d ** -0.5, **extra).reshape(out.shape)
+    ref.backward(g_out)
+    close(out, ref, dtype)
+    close(mixed.grad, ref_mixed.grad, dtype, roundings=8)
+    if backend == "cudnn":
+        assert len(buffers) == 1 and grads[0].data_ptr() == buffers[0].data_ptr()
+    else:
+        assert not buffers
+
+
+@_GPU_MARK
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_fused_attention_strided_views(fmt):
+    """The op takes transposed views (bshd over sbhd storage and back): cuDNN reads them in place
+    and returns gradients with their strides, equal to the contiguous call's results; malformed
+    strides are refused by the C API with a reason."""
+    other = "bshd" if fmt == "sbhd" else "sbhd"
+    shape = (37, 2, 4, 64)  # the storage, in the other layout
+    base = [randn(shape, torch.float16, "cuda", i).transpose(0, 1) for i in range(3)]
+    kw = dict(backend="cudnn", qkv_format=fmt, mask_type="causal", softmax_scale=0.125)
+    out, lse, rng = attn_ops.fused_attention_forward(*base, **kw)
+    dense = [t.contiguous() for t in base]
+    out_c, lse_c, _ = attn_ops.fused_attention_forward(*dense, **kw)
+    close(out, out_c, torch.float16)
+    torch.testing.assert_close(lse, lse_c, rtol=1e-5, atol=1e-5)
+    d_out = randn(out.shape, torch.float16, "cuda", 5)
+    grads = attn_ops.fused_attention_backward(*base, out, d_out, lse, rng, **kw)
+    grads_c = attn_ops.fused_attention_backward(*dense, out_c, d_out, lse_c, rng, **kw)
+    for g, gc, t in zip(grads, grads_c, base):
+        assert g.stride() == t.stride(), (other, g.stride(), t.stride())
+        close(g, gc, torch.float16, roundings=8)
+    params = attn_ops._params_tuple(2, 4, 4, 37, 37, 64, 64, torch.float16, fmt, "causal", -1, 0,
+                                    0.125, False, strides=(12, 4, 4) + (0,) * 9)
+    ok, reason = attn_ops.native.native_for_torch().attention_support(
+        attn_ops.BACKEND_CODE["cudnn"], params, torch.cuda.current_device())
+    assert not ok and "multiples of 8" in reason, reason

@@ -112,12 +112,13 @@ class TransformerLayer(torch.nn.Module):
                                       device=device)
 
     def _drop_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        x = F.dropout(x, self.hidden_dropout, self.training)
-        batch_dim = 1 if self.attn_input_format == "sbhd" else 0
-        if self.attn_input_format == "thd":  # packed tokens: per-token depth drop is meaningless
-            batch_dim = None
-        if batch_dim is not None:
-            x = _drop_path(x, self.drop_path_rate, self.training, batch_dim)
+        if not self.training:
+            return residual + x
+        if self.hidden_dropout > 0.0:
+            x = F.dropout(x, self.hidden_dropout, True)
+        # packed tokens (thd): per-token depth drop is meaningless
+        if self.drop_path_rate > 0.0 and self.attn_input_format != "thd":
+            x = _drop_path(x, self.drop_path_rate, True, 1 if self.attn_input_format == "sbhd" else 0)
         return residual + x
 
     @staticmethod

@@ -21,6 +21,34 @@ const char* format_name(NVTEQKVFormat f) {
   }
 }
 
+// Dense strides of a tensor with `heads` heads of `dim` and `seqlen` positions in the layout.
+LayoutStrides dense_strides(const NVTEAttnParams& p, int64_t heads, int64_t dim, int64_t seqlen) {
+  LayoutStrides s;
+  switch (p.qkv_format) {
+    case kNVTEQKVFormatBSHD: s.v[0] = seqlen * heads * dim; s.v[1] = heads * dim; s.v[2] = dim; break;
+    case kNVTEQKVFormatSBHD: s.v[0] = p.batch * heads * dim; s.v[1] = heads * dim; s.v[2] = dim; break;
+    default: s.v[0] = heads * dim; s.v[1] = dim; s.v[2] = 0; break;  // THD
+  }
+  return s;
+}
+
+// params' strides of one tensor, or its dense ones where they are all zero.
+LayoutStrides resolve_strides(const NVTEAttnParams& p, const int64_t given[3], const char* what,
+                              int64_t heads, int64_t dim, int64_t seqlen) {
+  if (given[0] == 0 && given[1] == 0 && given[2] == 0) return dense_strides(p, heads, dim, seqlen);
+  const bool thd = p.qkv_format == kNVTEQKVFormatTHD;
+  const int used = thd ? 2 : 3;
+  for (int i = 0; i < used; ++i)
+    TE_CHECK_ARG(given[i] > 0 && given[i] % 8 == 0, "params.", what, " is (", given[0], ", ",
+                 given[1], ", ", given[2], "); expected positive multiples of 8 elements (16-byte "
+                 "aligned rows), or all zero for a dense tensor");
+  TE_CHECK_ARG(!thd || given[2] == 0, "params.", what, "[2] is ", given[2],
+               "; the thd layout has two strided dims (t, h): expected 0");
+  LayoutStrides s;
+  for (int i = 0; i < 3; ++i) s.v[i] = given[i];
+  return s;
+}
+
 // Checks the parameters alone and derives the effective mask description.
 AttnArgs args_from_params(const NVTEAttnParams* params) {
   TE_CHECK_ARG(params != nullptr, "params is a null pointer");
@@ -51,6 +79,14 @@ AttnArgs args_from_params(const NVTEAttnParams* params) {
   a.uses_lengths = p.qkv_format == kNVTEQKVFormatTHD || mask_is_padding(p.mask_type);
   a.window_left = p.window_left;
   a.window_right = mask_is_causal(p.mask_type) ? 0 : p.window_right;
+  a.stride_q = resolve_strides(p, p.stride_q, "stride_q", p.num_heads_q, p.head_dim_qk, p.max_seqlen_q);
+  a.stride_k = resolve_strides(p, p.stride_k, "stride_k", p.num_heads_kv, p.head_dim_qk, p.max_seqlen_kv);
+  a.stride_v = resolve_strides(p, p.stride_v, "stride_v", p.num_heads_kv, p.head_dim_v, p.max_seqlen_kv);
+  a.stride_o = resolve_strides(p, p.stride_o, "stride_o", p.num_heads_q, p.head_dim_v, p.max_seqlen_q);
+  a.dense = a.stride_q == dense_strides(p, p.num_heads_q, p.head_dim_qk, p.max_seqlen_q) &&
+            a.stride_k == dense_strides(p, p.num_heads_kv, p.head_dim_qk, p.max_seqlen_kv) &&
+            a.stride_v == dense_strides(p, p.num_heads_kv, p.head_dim_v, p.max_seqlen_kv) &&
+            a.stride_o == dense_strides(p, p.num_heads_q, p.head_dim_v, p.max_seqlen_q);
   return a;
 }
 
@@ -98,7 +134,10 @@ const int32_t* check_cu(const NVTETensor* t, const char* what, const AttnArgs& a
 
 void check_backend_supports(NVTEAttnBackend backend, const AttnArgs& a, int device) {
   switch (backend) {
-    case kNVTEAttnBackendPortable: portable_check(a.p); return;
+    case kNVTEAttnBackendPortable:
+      if (!a.dense) TE_UNSUPPORTED("the portable kernels take dense q/k/v/out (params.stride_*)");
+      portable_check(a.p);
+      return;
     case kNVTEAttnBackendCudnn: vendor_check(a, device); return;
     default:
       TE_CHECK_ARG(false, "backend is ", static_cast<int>(backend), "; expected ",

@@ -16,9 +16,21 @@
 namespace te {
 namespace attention {
 
-// A validated call. Strides are in elements; the layouts share them between q/k/v/o.
+// Element strides of one tensor over its layout's leading dims, in the layout's order:
+// BSHD (b, s, h), SBHD (s, b, h), THD (t, h, 0); the head dim is contiguous.
+struct LayoutStrides {
+  int64_t v[3] = {0, 0, 0};
+  bool operator==(const LayoutStrides& o) const {
+    return v[0] == o.v[0] && v[1] == o.v[1] && v[2] == o.v[2];
+  }
+};
+
+// A validated call. Strides are in elements: the resolved ones of params.stride_* (dense in the
+// layout where params left them zero); d_out uses out's, dq/dk/dv those of q/k/v.
 struct AttnArgs {
   NVTEAttnParams p{};
+  LayoutStrides stride_q, stride_k, stride_v, stride_o;
+  bool dense = true;              // every stride is the dense one of the layout
   bool bottom_right = false;      // diagonal offset skv - sq (see attention.h)
   bool uses_lengths = false;      // THD or padding: per-sequence lengths from cu_seqlens
   int64_t window_left = -1, window_right = -1;  // effective (causal forces right = 0)

@@ -232,8 +232,10 @@ class DotProductAttention(torch.nn.Module):
                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
                     max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
                     arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+            # strided q/k/v (e.g. views of a packed projection) go in as they are: the op copies
+            # only what its backend cannot read in place
             return attn_ops.FusedAttention.apply(
-                q_.contiguous(), k_.contiguous(), v_.contiguous(), report.chosen, qkv_format,
+                q_, k_, v_, report.chosen, qkv_format,
                 mask_type, window, self.softmax_scale, dropout_p, cu_q, cu_kv, max_seqlen_q,
                 max_seqlen_kv, cfg.deterministic)
 

@@ -17,6 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..module import LayerNormLinear, Linear
+from ..ops.attention_packed import can_pack, split_packed_qkv
 from .dot_product_attention import DotProductAttention, _tp_world_size
 from .rope import apply_rotary_pos_emb
 
@@ -110,7 +111,11 @@ class MultiheadAttention(torch.nn.Module):
         module = self.layernorm_qkv if self.input_layernorm else self.qkv
         mixed, ln_out = self._project(module, hidden_states, is_first_microbatch)
         hq, hkv, d = self.heads_q, self.heads_kv, self.head_dim
-        if self.fuse_qkv_params and self.qkv_weight_interleaved:
+        interleaved = self.fuse_qkv_params and self.qkv_weight_interleaved
+        if can_pack(mixed, hq, hkv, interleaved):
+            # strided views, no copies; the attention backward can fill mixed's gradient in place
+            q, k, v = split_packed_qkv(mixed, hq, hkv, d, interleaved)
+        elif interleaved:
             per_group = hq // hkv
             grouped = mixed.view(*mixed.shape[:-1], hkv, per_group + 2, d)
             # one split (its backward is one concatenation, not three zero-filled scatters)

@@ -49,8 +49,12 @@ softmax_lse: float32 [b, h, max_seqlen_q], natural log of sum_j exp(softmax_scal
 the visible keys (undefined for rows that see none, and for padded rows). rng_state: an int64
 tensor [2] (seed, offset) when dropout_p > 0, else an empty int64 tensor.
 
-The native backends need float16/bfloat16 CUDA/ROCm tensors (contiguous). Dropout and bias are
-not implemented natively (native_attention_support says so): the unfused path serves them.
+The native backends need float16/bfloat16 CUDA/ROCm tensors. cuDNN reads q/k/v strided in place
+(the head dim contiguous, the other strides multiples of 8 elements, 16-byte aligned: e.g. the
+views of one packed QKV projection, ops/attention_packed.py) and writes dq/dk/dv with their
+strides; other tensors, and every tensor of the portable backend, are made contiguous first.
+Dropout and bias are not implemented natively (native_attention_support says so): the unfused
+path serves them.
 """
 from __future__ import annotations
 
@@ -63,6 +67,7 @@ import torch
 
 from .. import native
 from ._checks import check_tensor
+from .attention_packed import pack_of
 
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
@@ -214,11 +219,36 @@ def _workspace_bytes(code, params, is_backward, device_index):
                                                                   device_index))
 
 
+_DENSE_STRIDES = (0,) * 12
+
+
 def _params_tuple(b, hq, hkv, sq, skv, dqk, dv, dtype, qkv_format, mask_type, left, right, scale,
-                  deterministic):
+                  deterministic, strides=_DENSE_STRIDES):
+    """The C parameters (NVTEAttnParams); strides: 3 each of q, k, v, out (0s = dense)."""
     return (int(b), int(hq), int(hkv), int(sq), int(skv), int(dqk), int(dv),
             native.DTYPE_CODE[dtype], FORMAT_CODE[qkv_format], MASK_CODE[mask_type], int(left),
-            int(right), float(scale), bool(deterministic))
+            int(right), float(scale), bool(deterministic), tuple(strides))
+
+
+def _layout_strides(t: torch.Tensor, qkv_format: str):
+    """t's element strides over its layout's leading dims as the C API takes them (attention.h:
+    (0, 0, 0) when dense), or None when the kernels cannot read it in place (head dim not
+    contiguous, rows not 16-byte aligned)."""
+    shape, stride = t.shape, t.stride()
+    if (stride[-1] != 1 and shape[-1] != 1) or t.data_ptr() % 16:
+        return None
+    out, dense, inner = [], True, shape[-1]
+    for i in range(t.dim() - 2, -1, -1):
+        st = stride[i] if shape[i] > 1 else inner  # any stride is right for an extent of 1
+        if st <= 0 or st % 8:
+            return None
+        dense = dense and st == inner
+        out.append(st)
+        inner *= shape[i]
+    if dense:
+        return (0, 0, 0)
+    out.reverse()
+    return tuple(out) + (0,) * (3 - len(out))
 
 
 # ----- reference -------------------------------------------------------------------------------
@@ -359,7 +389,7 @@ class _Call:
         _check_format(op, qkv_format)
         _check_mask_type(op, mask_type)
         for name, t in (("q", q), ("k", k), ("v", v)):
-            check_tensor(op, name, t, _NATIVE_DTYPES)
+            check_tensor(op, name, t, _NATIVE_DTYPES, contiguous=False)
             if t.dtype != q.dtype or t.device != q.device:
                 raise ValueError(f"{op}: {name} is {t.dtype} on {t.device}; expected {q.dtype} on "
                                  f"{q.device} like q")
@@ -405,8 +435,10 @@ class _Call:
         left, right = effective_window(mask_type, window_size)
         self.backend = backend
         self.code = BACKEND_CODE[backend]
-        self.params = _params_tuple(b, hq, hkv, sq, skv, dqk, dv, q.dtype, qkv_format, mask_type,
-                                    left, right, softmax_scale, deterministic)
+        self.qkv_format = qkv_format
+        self._fields = (b, hq, hkv, sq, skv, dqk, dv, q.dtype, qkv_format, mask_type, left, right,
+                        softmax_scale, deterministic)
+        self.params = _params_tuple(*self._fields)  # dense; set_layout gives the tensors' strides
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         # padded rows are never written by every backend: zero them up front
         self.zero_fill = needs_lengths
@@ -415,6 +447,35 @@ class _Call:
 
     def describe_opt(self, t):
         return native.describe(t) if t is not None else None
+
+    def strides_of(self, t):
+        """t's layout strides if this backend reads it in place, else None (copy it)."""
+        st = _layout_strides(t, self.qkv_format)
+        if st is None or (self.backend != "cudnn" and st != (0, 0, 0)):
+            return None
+        return st
+
+    def set_layout(self, q, k, v):
+        """The q, k, v the kernel reads (copies of those it cannot read in place) and the
+        parameters with their strides (out, d_out: dense). A strided configuration cuDNN refuses
+        runs on contiguous copies."""
+        tensors, strides = [], []
+        for t in (q, k, v):
+            st = self.strides_of(t)
+            if st is None:
+                t, st = t.contiguous(), (0, 0, 0)
+            tensors.append(t)
+            strides.extend(st)
+        strides = tuple(strides) + (0, 0, 0)
+        if strides != _DENSE_STRIDES:
+            params = _params_tuple(*self._fields, strides=strides)
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            if not _kernel_support(self.code, params, index)[0]:
+                return self.set_layout(*(t.contiguous() for t in tensors))
+            self.params = params
+        else:
+            self.params = _params_tuple(*self._fields)
+        return tuple(tensors)
 
     def workspace(self, backward, device):
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -435,7 +496,13 @@ def fused_attention_forward(q, k, v, *, backend, qkv_format, mask_type, window_s
     call = _Call("fused_attention_forward", q, k, v, backend, qkv_format, mask_type, window_size,
                  softmax_scale, dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                  max_seqlen_kv, deterministic)
+    return _forward(call, q, k, v)[:3]
+
+
+def _forward(call, q, k, v):
+    """(out, lse, rng_state, (q, k, v) as the kernel read them)."""
     cfg = call.cfg
+    q, k, v = call.set_layout(q, k, v)
     out = call.alloc(q, tuple(q.shape[:-1]) + (cfg.head_dim_v,))
     lse = torch.empty(cfg.batch, cfg.num_heads_q, cfg.seqlen_q, dtype=torch.float32,
                       device=q.device)
@@ -445,14 +512,17 @@ def fused_attention_forward(q, k, v, *, backend, qkv_format, mask_type, window_s
         call.code, call.params, native.describe(q), native.describe(k), native.describe(v),
         native.describe(out), native.describe(lse), call.describe_opt(call.cu_q),
         call.describe_opt(call.cu_kv), ws.data_ptr(), ws.numel(), call.stream)
-    return out, lse, rng_state
+    return out, lse, rng_state, (q, k, v)
 
 
 def fused_attention_backward(q, k, v, out, d_out, softmax_lse, rng_state, *, backend, qkv_format,
                              mask_type, window_size=(-1, -1), softmax_scale, dropout_p=0.0,
                              cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
-                             max_seqlen_kv=None, deterministic=False):
-    """(dq, dk, dv) of one native backend from the forward's out and softmax_lse."""
+                             max_seqlen_kv=None, deterministic=False, pack=None):
+    """(dq, dk, dv) of one native backend from the forward's out and softmax_lse. dq/dk/dv have
+    the strides of q/k/v where the backend reads those in place (fresh tensors otherwise); with
+    `pack` (ops/attention_packed.QKVPack) and q/k/v its views, they are the pack's views of one
+    new buffer of the packed shape."""
     op = "fused_attention_backward"
     call = _Call(op, q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
                  dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
@@ -469,7 +539,12 @@ def fused_attention_backward(q, k, v, out, d_out, softmax_lse, rng_state, *, bac
     if tuple(softmax_lse.shape) != lse_shape:
         raise ValueError(f"{op}: softmax_lse has shape {tuple(softmax_lse.shape)}; expected "
                          f"{lse_shape}")
-    dq, dk, dv = call.alloc(q), call.alloc(k), call.alloc(v)
+    q, k, v = call.set_layout(q, k, v)
+    grads = _grads_like(call, (q, k, v), pack)
+    if grads is None:  # the kernel writes gradients with its inputs' strides: read dense copies
+        q, k, v = call.set_layout(q.contiguous(), k.contiguous(), v.contiguous())
+        grads = tuple(call.alloc(t) for t in (q, k, v))
+    dq, dk, dv = grads
     ws = call.workspace(True, q.device)
     call.mod.attention_backward(
         call.code, call.params, native.describe(q), native.describe(k), native.describe(v),
@@ -479,8 +554,26 @@ def fused_attention_backward(q, k, v, out, d_out, softmax_lse, rng_state, *, bac
     return dq, dk, dv
 
 
+def _grads_like(call, tensors, pack):
+    """dq, dk, dv with the strides of q, k, v (a packed buffer's views when `pack` holds them),
+    or None when some input's strides cannot be reproduced in a fresh tensor."""
+    if pack is not None:
+        _, grads = pack.new_grads(call.zero_fill)
+        if all(g.shape == t.shape and g.stride() == t.stride() for g, t in zip(grads, tensors)):
+            return grads
+    grads = []
+    for t in tensors:
+        g = torch.zeros_like(t) if call.zero_fill else torch.empty_like(t)  # keeps dense strides
+        if g.stride() != t.stride():
+            return None
+        grads.append(g)
+    return tuple(grads)
+
+
 class FusedAttention(torch.autograd.Function):
-    """Autograd over fused_attention_forward / fused_attention_backward (one native backend)."""
+    """Autograd over fused_attention_forward / fused_attention_backward (one native backend).
+    q/k/v that are the views of one packed projection (ops/attention_packed.py) are read in place
+    and get their gradients as views of one packed buffer."""
 
     @staticmethod
     def forward(ctx, q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
@@ -491,9 +584,14 @@ class FusedAttention(torch.autograd.Function):
                   dropout_p=dropout_p, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                   max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
                   deterministic=deterministic)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse, rng_state = fused_attention_forward(q, k, v, **kw)
-        ctx.save_for_backward(q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_kv)
+        call = _Call("FusedAttention", q, k, v, backend, qkv_format, mask_type, window_size,
+                     softmax_scale, dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                     max_seqlen_kv, deterministic)
+        out, lse, rng_state, used = _forward(call, q, k, v)
+        # the pack's buffer fits the gradients only if the kernel read the views themselves
+        pack = pack_of(q, k, v)
+        ctx.pack = pack if pack is not None and all(a is b for a, b in zip(used, (q, k, v))) else None
+        ctx.save_for_backward(*used, out, lse, rng_state, cu_seqlens_q, cu_seqlens_kv)
         ctx.kw = {key: val for key, val in kw.items() if not key.startswith("cu_seqlens")}
         return out
 
@@ -501,7 +599,8 @@ class FusedAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, lse, rng_state, cu_q, cu_kv = ctx.saved_tensors
         dq, dk, dv = fused_attention_backward(q, k, v, out, d_out.contiguous(), lse, rng_state,
-                                              cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, **ctx.kw)
+                                              cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                                              pack=ctx.pack, **ctx.kw)
         return (dq, dk, dv) + (None,) * 11
 
 

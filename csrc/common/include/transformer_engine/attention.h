@@ -36,7 +36,8 @@
  *
  * ---- Tensors ---------------------------------------------------------------------------------
  *   lse: float32 [b, num_heads_q, max_seqlen_q], written by the forward, read by the backward.
- *   Data pointers 16-byte aligned, head dims multiples of 8.
+ *   Data pointers 16-byte aligned, head dims multiples of 8. The descriptors give the logical
+ *   shapes; params.stride_* may say that q/k/v/out are strided views (see NVTEAttnParams).
  *
  * ---- Resources -------------------------------------------------------------------------------
  *   The caller provides workspace of nvte_attention_workspace_size() bytes (256-byte aligned).
@@ -88,6 +89,16 @@ typedef struct {
   int64_t window_right; /* -1: unbounded */
   float softmax_scale;
   bool deterministic;
+  /* Element strides of q, k, v and out over the layout's leading dims, in its order -- BSHD
+   * (b, s, h), SBHD (s, b, h), THD (t, h, unused 0) -- the head dim being contiguous. A tensor
+   * whose three entries are 0 (as in a zeroed struct) is dense in the layout. d_out takes out's
+   * strides, dq/dk/dv those of q/k/v. Lets the views of one packed projection ([.., h, 3, d],
+   * [.., 3 * h * d]) go in without copies and gradients be written into one packed buffer.
+   * Non-zero strides are positive multiples of 8; only the cuDNN backend takes non-dense ones. */
+  int64_t stride_q[3];
+  int64_t stride_k[3];
+  int64_t stride_v[3];
+  int64_t stride_o[3];
 } NVTEAttnParams;
 
 /* Name of a backend ("cudnn", "portable", "invalid"). */
