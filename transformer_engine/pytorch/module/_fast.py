@@ -35,7 +35,9 @@ class NativeCall:
 
     def __init__(self, mod, device):
         self.mod, self.device = mod, device
-        self.stream = raw_stream(device)
+        # a CUDA tensor's device always has its index (raw_stream() covers bare devices)
+        self.stream = (_raw_stream_of_index(device.index) if _raw_stream_of_index is not None
+                       else raw_stream(device))
         ws = _WORKSPACES.get(device)
         if ws is None:
             w = gemm_workspace(device)
@@ -94,8 +96,9 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
 # torch.empty costs several microseconds of host time on a slow host, more than a launch; the
 # Linear step makes its FP8 operands (data, transpose, scale_inv, workspaces) as regions of a
 # few uint8 buffers, grouped by lifetime (forward-only scratch, kept for backward), and passes
-# the regions to the kernels as raw descriptors. Regions start on 256-byte boundaries (cuBLASLt
-# and the vectorised kernels want 16; the caching allocator's blocks are 512-aligned).
+# the regions to the kernels as raw descriptors. Every region, a 4-byte scale_inv too, starts
+# on a 256-byte boundary (the vectorised kernels want 16 bytes, cuBLASLt more for FP8 scale
+# pointers; the caching allocator's blocks are 512-aligned).
 _ALIGN = 256
 _F32 = _CODE[torch.float32]
 
@@ -116,13 +119,35 @@ def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     return buf[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
 
 
-def cast_raw(nc, rs, x_desc, forward: bool, slot: int, data_ptr: int, t_ptr: int, sinv_ptr: int):
+def current_scales(nc, rs, x_descs, forward: bool) -> None:
+    """Float8CurrentScaling: the amax of each x_descs[i] into history column i, then one update
+    launch turns columns 0..n-1 into their scales (the same kernel, per column, as _scaling's
+    one-column update: the same bits, one launch less per extra tensor)."""
+    hist, scale, sinv_state, fp8_max = (rs._ptrs or rs._pointers())[0 if forward else 1]
+    for i, d in enumerate(x_descs):
+        nc.mod.compute_amax(d, hist + 4 * i, nc.stream)
+    nc.mod.delayed_scaling_update([(hist, scale, sinv_state, 1, len(x_descs), fp8_max)],
+                                  _AMAX_MOST_RECENT, 0.0, nc.stream)
+
+
+def cast_raw(nc, rs, x_desc, forward: bool, slot: int, data_ptr: int, t_ptr: int, sinv_ptr: int,
+             scaled: bool = False):
     """Casts the 2-D x (descriptor) to the recipe's FP8 format into raw regions (its transpose
-    too when t_ptr); returns the FP8 dtype code. The same kernels and bits as cast()."""
-    dtype, amax_ptr, scale_ptr = _scaling(nc, rs, x_desc, forward, slot)
+    too when t_ptr); returns the FP8 dtype code. The same kernels and bits as cast(). scaled:
+    current scaling whose scale current_scales() already made."""
+    hist, scale, sinv_state, fp8_max = (rs._ptrs or rs._pointers())[0 if forward else 1]
+    off = 4 * slot
+    if rs.delayed:  # the module's scale; the amax recorded into the history row
+        amax_ptr = hist + off
+    else:
+        amax_ptr = 0
+        if not scaled:
+            nc.mod.compute_amax(x_desc, hist + off, nc.stream)
+            nc.mod.delayed_scaling_update([(hist + off, scale + off, sinv_state + off, 1, 1, fp8_max)],
+                                          _AMAX_MOST_RECENT, 0.0, nc.stream)
     rows, cols = x_desc[1]
-    code = _CODE[dtype]
-    out = (data_ptr, (rows, cols), code, amax_ptr, scale_ptr, sinv_ptr)
+    code = _CODE[rs.fwd_dtype if forward else rs.bwd_dtype]
+    out = (data_ptr, (rows, cols), code, amax_ptr, scale + off, sinv_ptr)
     if t_ptr:
         nc.mod.cast_transpose(x_desc, out, (t_ptr, (cols, rows), code, 0, 0, 0), nc.stream)
     else:
@@ -163,7 +188,8 @@ def gemm_raw(nc, a, transa, b, transb, out, a_sinv=0, b_sinv=0, bias=None, beta=
     """gemm() on descriptors: a and b as (ptr, shape, code) (FP8 scale_inv pointers apart), out
     and bias as tensors."""
     nc.mod.gemm((a[0], a[1], a[2], 0, 0, a_sinv), transa, (b[0], b[1], b[2], 0, 0, b_sinv), transb,
-                _desc(out), _desc(bias) if bias is not None else None, None,
+                (out.data_ptr(), out.shape, _CODE[out.dtype], 0, 0, 0),
+                _desc(bias) if bias is not None else None, None,
                 EPILOGUE_BIAS if bias is not None else EPILOGUE_NONE, 1.0, beta, fast_accum,
                 nc.ws_ptr, nc.ws_size, nc.stream)
     return out

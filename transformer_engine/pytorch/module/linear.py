@@ -118,7 +118,10 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
 
 # ----- the direct FP8 path: operands in arenas (see _fast.py) ------------------------------------
 # forward: `scratch` holds the FP8 data of x and W (read by the fprop GEMM only), `kept` what the
-# backward reads: [x scale_inv, W scale_inv | x.T | W.T]; ctx.layout keeps the offsets.
+# backward reads: [x scale_inv | W scale_inv | x.T | W.T]; ctx.layout keeps the offsets. Every
+# region, scale_invs included, starts on its own 256-byte boundary (cuBLASLt refuses FP8 GEMMs
+# whose scale pointers are only 4-byte aligned: CUBLAS_STATUS_NOT_SUPPORTED).
+_W_SINV = _fast._ALIGN
 
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
                       is_first_microbatch):
@@ -130,19 +133,26 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
     # a weight cast of this step (not a Float8Tensor, no microbatch cache) joins the arenas
     fresh_w = is_first_microbatch is None and not isinstance(weight, Float8Tensor)
     nx, nw = _fast.aligned(tokens * in_features), _fast.aligned(out_features * in_features)
-    off_xt = _fast._ALIGN
+    off_xt = 2 * _fast._ALIGN
     off_wt = off_xt + (nx if need_wgrad else 0)
     kept = _fast.arena(off_wt + (nw if fresh_w and need_dgrad else 0), device)
     scratch = _fast.arena(nx + (nw if fresh_w else 0), device)
     kp, sp = kept.data_ptr(), scratch.data_ptr()
     x_desc = (x2d.data_ptr(), x2d.shape, _fast._CODE[x2d.dtype], 0, 0, 0)
-    code = _fast.cast_raw(nc, rs, x_desc, True, 0, sp, kp + off_xt if need_wgrad else 0, kp)
-    xq = (sp, (tokens, in_features), code)
     if fresh_w:
         w = weight.contiguous()
         w_desc = (w.data_ptr(), w.shape, _fast._CODE[w.dtype], 0, 0, 0)
-        _fast.cast_raw(nc, rs, w_desc, True, 1, sp + nx, kp + off_wt if need_dgrad else 0, kp + 4)
-        wq, w_sinv_ptr, wq_t, w_sinv = (sp + nx, (out_features, in_features), code), kp + 4, None, None
+    # current scaling: both scales from one update launch (input slot 0, weight slot 1)
+    scaled = fresh_w and not rs.delayed
+    if scaled:
+        _fast.current_scales(nc, rs, (x_desc, w_desc), True)
+    code = _fast.cast_raw(nc, rs, x_desc, True, 0, sp, kp + off_xt if need_wgrad else 0, kp, scaled)
+    xq = (sp, (tokens, in_features), code)
+    if fresh_w:
+        _fast.cast_raw(nc, rs, w_desc, True, 1, sp + nx, kp + off_wt if need_dgrad else 0,
+                       kp + _W_SINV, scaled)
+        wq, w_sinv_ptr = (sp + nx, (out_features, in_features), code), kp + _W_SINV
+        wq_t = w_sinv = None
     else:
         data, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
         wq, w_sinv_ptr = (data.data_ptr(), data.shape, _fast._CODE[data.dtype]), w_sinv.data_ptr()
@@ -167,7 +177,7 @@ def _saved_fp8_tensors(ctx, saved):
     x_sinv = _fast.region_view(kept, 0, (1,), torch.float32)
     if off_wt is not None:
         wq_t = _fast.region_view(kept, off_wt, (in_features, out_features), dtype) if ctx.need_dgrad else None
-        w_sinv = _fast.region_view(kept, 4, (1,), torch.float32)
+        w_sinv = _fast.region_view(kept, _W_SINV, (1,), torch.float32)
     return xq_t, x_sinv, wq_t, w_sinv
 
 
@@ -188,7 +198,7 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
         code = _fast._CODE[rs.fwd_dtype]
         x_t, x_sinv_ptr = (kp + off_xt, (in_features, tokens), code), kp
         if off_wt is not None:
-            w_t, w_sinv_ptr = (kp + off_wt, (in_features, out_features), code), kp + 4
+            w_t, w_sinv_ptr = (kp + off_wt, (in_features, out_features), code), kp + _W_SINV
     if ctx.layout is None or off_wt is None:
         w_t = (wq_t.data_ptr(), wq_t.shape, _fast._CODE[wq_t.dtype]) if wq_t is not None else None
         w_sinv_ptr = w_sinv.data_ptr()
