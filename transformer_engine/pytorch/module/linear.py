@@ -33,7 +33,8 @@ class _LinearFn(torch.autograd.Function):
             bias = bias.to(dtype)
         ctx.layout = None
         if fp8:
-            check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
+            if tokens % 16 or in_features % 16 or out_features % 16:
+                check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
             if nc is not None:
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                       need_wgrad, is_first_microbatch)
@@ -122,6 +123,7 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
 # region, scale_invs included, starts on its own 256-byte boundary (cuBLASLt refuses FP8 GEMMs
 # whose scale pointers are only 4-byte aligned: CUBLAS_STATUS_NOT_SUPPORTED).
 _W_SINV = _fast._ALIGN
+
 
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
                       is_first_microbatch):
