@@ -230,15 +230,21 @@ def _params_tuple(b, hq, hkv, sq, skv, dqk, dv, dtype, qkv_format, mask_type, le
             int(right), float(scale), bool(deterministic), tuple(strides))
 
 
-def _layout_strides(t: torch.Tensor, qkv_format: str):
+def _layout_strides(t: torch.Tensor):
     """t's element strides over its layout's leading dims as the C API takes them (attention.h:
     (0, 0, 0) when dense), or None when the kernels cannot read it in place (head dim not
     contiguous, rows not 16-byte aligned)."""
-    shape, stride = t.shape, t.stride()
-    if (stride[-1] != 1 and shape[-1] != 1) or t.data_ptr() % 16:
+    if t.data_ptr() % 16:
+        return None
+    return _strides_of_geometry(t.shape, t.stride())
+
+
+@functools.lru_cache(maxsize=1024)
+def _strides_of_geometry(shape, stride):
+    if stride[-1] != 1 and shape[-1] != 1:
         return None
     out, dense, inner = [], True, shape[-1]
-    for i in range(t.dim() - 2, -1, -1):
+    for i in range(len(shape) - 2, -1, -1):
         st = stride[i] if shape[i] > 1 else inner  # any stride is right for an extent of 1
         if st <= 0 or st % 8:
             return None
@@ -378,12 +384,42 @@ def _layout_dims(op, name, t, qkv_format):
     return None, t.shape[0], t.shape[1], t.shape[2]
 
 
+# Validated calls without sequence lengths by their arguments (what validation and the derived
+# fields depend on): the same call every training step skips re-validating and re-deriving.
+_PLANS: dict = {}
+_PLAN_FIELDS = ("cfg", "backend", "code", "qkv_format", "_fields", "params", "zero_fill", "mod")
+_EMPTY_RNG: dict = {}  # device -> the int64 [0] rng_state of calls without dropout
+
+
 class _Call:
     """A validated native call: config, C parameter tuple and the tensors' geometry."""
 
     def __init__(self, op, q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
                  dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
                  deterministic):
+        key = None
+        if cu_seqlens_q is None and cu_seqlens_kv is None and all(
+                isinstance(t, torch.Tensor) for t in (q, k, v)):
+            key = (backend, qkv_format, mask_type, tuple(window_size), softmax_scale, dropout_p,
+                   bool(deterministic), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device)
+            plan = _PLANS.get(key)
+            if plan is not None:
+                self.__dict__.update(plan)
+                self.cu_q = self.cu_kv = None
+                self.stream = native.stream_of(q)
+                return
+        self._validate(op, q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
+                       dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                       deterministic)
+        if key is not None:
+            if len(_PLANS) >= 1024:
+                _PLANS.clear()
+            _PLANS[key] = {name: getattr(self, name) for name in _PLAN_FIELDS}
+
+    def _validate(self, op, q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
+                  dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                  deterministic):
         if backend not in NATIVE_BACKENDS:
             raise ValueError(f"{op}: backend is {backend!r}; expected one of {NATIVE_BACKENDS}")
         _check_format(op, qkv_format)
@@ -450,7 +486,7 @@ class _Call:
 
     def strides_of(self, t):
         """t's layout strides if this backend reads it in place, else None (copy it)."""
-        st = _layout_strides(t, self.qkv_format)
+        st = _layout_strides(t)
         if st is None or (self.backend != "cudnn" and st != (0, 0, 0)):
             return None
         return st
@@ -478,9 +514,13 @@ class _Call:
         return tuple(tensors)
 
     def workspace(self, backward, device):
+        """(tensor to keep alive until the launch, pointer, bytes); no tensor when 0 bytes."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         size = _workspace_bytes(self.code, self.params, bool(backward), index)
-        return torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+        if size == 0:
+            return None, 0, 0
+        ws = torch.empty(size, dtype=torch.uint8, device=device)
+        return ws, ws.data_ptr(), size
 
     def alloc(self, like, shape=None):
         shape = like.shape if shape is None else shape
@@ -506,12 +546,14 @@ def _forward(call, q, k, v):
     out = call.alloc(q, tuple(q.shape[:-1]) + (cfg.head_dim_v,))
     lse = torch.empty(cfg.batch, cfg.num_heads_q, cfg.seqlen_q, dtype=torch.float32,
                       device=q.device)
-    rng_state = torch.empty(0, dtype=torch.int64, device=q.device)
-    ws = call.workspace(False, q.device)
+    rng_state = _EMPTY_RNG.get(q.device)
+    if rng_state is None:
+        rng_state = _EMPTY_RNG[q.device] = torch.empty(0, dtype=torch.int64, device=q.device)
+    _ws, ws_ptr, ws_bytes = call.workspace(False, q.device)
     call.mod.attention_forward(
         call.code, call.params, native.describe(q), native.describe(k), native.describe(v),
         native.describe(out), native.describe(lse), call.describe_opt(call.cu_q),
-        call.describe_opt(call.cu_kv), ws.data_ptr(), ws.numel(), call.stream)
+        call.describe_opt(call.cu_kv), ws_ptr, ws_bytes, call.stream)
     return out, lse, rng_state, (q, k, v)
 
 
@@ -545,12 +587,12 @@ def fused_attention_backward(q, k, v, out, d_out, softmax_lse, rng_state, *, bac
         q, k, v = call.set_layout(q.contiguous(), k.contiguous(), v.contiguous())
         grads = tuple(call.alloc(t) for t in (q, k, v))
     dq, dk, dv = grads
-    ws = call.workspace(True, q.device)
+    _ws, ws_ptr, ws_bytes = call.workspace(True, q.device)
     call.mod.attention_backward(
         call.code, call.params, native.describe(q), native.describe(k), native.describe(v),
         native.describe(out), native.describe(d_out), native.describe(softmax_lse),
         call.describe_opt(call.cu_q), call.describe_opt(call.cu_kv), native.describe(dq),
-        native.describe(dk), native.describe(dv), ws.data_ptr(), ws.numel(), call.stream)
+        native.describe(dk), native.describe(dv), ws_ptr, ws_bytes, call.stream)
     return dq, dk, dv
 
 
