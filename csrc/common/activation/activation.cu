@@ -20,12 +20,6 @@ int elementwise_grid(int64_t work_items) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
-int single_pass_grid(int64_t work_items) {
-  const int64_t blocks = (work_items + kActThreads - 1) / kActThreads;
-  const int64_t cap = (int64_t(1) << 31) - 1;  // the kernels loop if there is more work
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
-}
-
 int64_t dbias_rows_per_block(int64_t rows) {
   // At least 64 rows so that the partial sums stay a small fraction of the traffic; more when
   // there are many rows so that at most ~1024 partial rows exist. A multiple of the rows one
@@ -39,6 +33,17 @@ int64_t dbias_rows_per_block(int64_t rows) {
 int64_t dbias_row_blocks(int64_t rows) {
   const int64_t per = dbias_rows_per_block(rows);
   return (rows + per - 1) / per;
+}
+
+void check_act(NVTEActivation act) {
+  TE_CHECK_ARG(act >= 0 && act < kNVTENumActivations, "activation code ", int(act),
+               " is invalid; expected 0..", int(kNVTENumActivations) - 1);
+}
+
+int64_t gated_width(const NVTETensor& in, int64_t cols) {
+  TE_CHECK_ARG(in.ndim >= 1 && cols % 2 == 0, "input has shape ", shape_str(in),
+               "; a gated activation expects an even last dimension [..., 2*N]");
+  return cols / 2;
 }
 
 namespace {
@@ -93,11 +98,6 @@ void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtyp
 
 namespace {
 
-void check_act(NVTEActivation act) {
-  TE_CHECK_ARG(act >= 0 && act < kNVTENumActivations, "activation code ", int(act),
-               " is invalid; expected 0..", int(kNVTENumActivations) - 1);
-}
-
 // Output: the input's dtype, or FP8 with a scale.
 void check_output_dtype(const NVTETensor& in, const NVTETensor& out, const char* what) {
   const bool fp8 = is_fp8(out.dtype);
@@ -146,13 +146,6 @@ ElementwiseArgs make_args(Kind kind, const NVTETensor* grad, const NVTETensor& i
   a.scale_inv = out.scale_inv;
   a.stream = stream;
   return a;
-}
-
-// Gated input [rows, 2N]: returns N after checking the last dim is even.
-int64_t gated_width(const NVTETensor& in, int64_t cols) {
-  TE_CHECK_ARG(in.ndim >= 1 && cols % 2 == 0, "input has shape ", shape_str(in),
-               "; a gated activation expects an even last dimension [..., 2*N]");
-  return cols / 2;
 }
 
 }  // namespace

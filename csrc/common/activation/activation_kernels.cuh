@@ -2,14 +2,12 @@
 // instantiated once per activation by the thin files gelu.cu, relu.cu, ...
 //
 // Elementwise kernels (plain and gated, forward and backward) are grid-stride loops over tiles
-// of kThreads x kElems elements (16 or 8, see kVec below), each thread moving 16-byte pieces
-// laid out so that a warp's accesses are contiguous (see Pieces below), then whole pieces, then
-// a scalar loop for the tail and for tensors whose pointers or gated width do not allow whole
-// pieces. Whether to vectorise is a
-// run-time argument rather than a template parameter, which halves the number of instantiations
-// (and the build time); the branch is uniform. High-precision outputs launch about one tile per
-// block (the loop runs once), which kept up with PyTorch's own elementwise kernels on an H100
-// where a few-waves grid did not.
+// of kBlock x kElems elements (the launch shape of each kind: shape_of below), each thread moving
+// 16-byte pieces laid out so that a warp's accesses are contiguous (see Pieces below), then whole
+// pieces, then a scalar loop for the tail and for tensors whose pointers or gated width do not
+// allow whole pieces. Whether to vectorise is a run-time argument rather than a template
+// parameter, which halves the number of instantiations (and the build time); the branch is
+// uniform.
 //
 // The fused dbias + dact runs in two stages. Stage 1: a block of 32 x 8 threads owns a strip of
 // 32 * V columns (V elements = 16 bytes per thread) and rows_per_block rows; it writes dx and one
@@ -28,15 +26,13 @@ namespace te {
 namespace act {
 
 constexpr int kThreads = kActThreads;
-// Elements per thread per tile: 32 bytes of 16-bit input in flight per thread. The plain
-// forward reads one tensor (16 elements, two 16-byte pieces); the backward and gated kernels
-// read two or three (8 elements, one piece of each). On an H100 (bf16, interleaved with
-// torch.compile) 8 elements per thread for those took gelu backward from 0.99x to 1.00-1.01x of
-// compiled and the gated kernels from 0.97-0.99x to 0.99x; the plain forward was best at 16
-// (8: 0.98x). Blocks of 128 or 512 threads and streaming cache hints on the 16-byte accesses did
-// no better (hints: 1-4% slower).
+// Elements per thread per tile (see shape_of for which kind uses which). With an FP8 output the
+// plain forward reads 16 elements (two 16-byte pieces) per thread per tile, the other kinds 8 of
+// each input. Streaming cache hints on the 16-byte accesses did no better on an H100 (1-4%
+// slower).
 constexpr int kVec = 16;
 constexpr int kMultiInputVec = 8;
+constexpr int kMaxBlock = 1024;  // the largest block any elementwise launch uses
 
 template <typename T>
 constexpr bool is_fp8_type() {
@@ -132,7 +128,7 @@ struct OutputCast {
   // Every thread of the block must call this (it synchronises the block).
   __device__ void publish_amax(float* amax_ptr) {
     if constexpr (kFp8) {
-      __shared__ float scratch[kThreads / TE_LOGICAL_WARP_SIZE + 1];
+      __shared__ float scratch[kMaxBlock / TE_LOGICAL_WARP_SIZE + 1];
       if (amax_ptr == nullptr) return;  // uniform across the block
       const float block_amax = block_reduce_max(amax, scratch);
       if (threadIdx.x == 0) atomic_max_nonneg(amax_ptr, block_amax);
@@ -141,18 +137,18 @@ struct OutputCast {
 };
 
 // ----- elementwise tiles ------------------------------------------------------------------------
-// A block works on tiles of kThreads * kElems elements. Inside a tile a thread owns kElems / P
+// A block works on tiles of kBlock * kElems elements. Inside a tile a thread owns kElems / P
 // pieces of P = 16 / sizeof(InT) elements (one 16-byte load per input), piece p of thread t at
-// tile offset (p * kThreads + t) * P: every warp-wide load and store covers one contiguous span,
+// tile offset (p * kBlock + t) * P: every warp-wide load and store covers one contiguous span,
 // whole 32-byte sectors. (One contiguous 16-element vector per thread instead split each warp
 // access into half sectors over twice the span; at the bandwidth roof on an H100 that cost
 // gelu backward 5% against PyTorch's own elementwise kernel.) Pieces never straddle a row of a
 // gated tensor: the vector path needs cols % P == 0.
-template <typename InT, int kElems = kVec>
+template <typename InT, int kElems = kVec, int kBlock = kThreads>
 struct Pieces {
   static constexpr int P = 16 / int(sizeof(InT));
   static constexpr int kCount = kElems / P;
-  static constexpr int64_t kTile = int64_t(kThreads) * kElems;
+  static constexpr int64_t kTile = int64_t(kBlock) * kElems;
   static_assert(kCount >= 1 && kElems % P == 0, "whole 16-byte pieces per thread");
 };
 
@@ -174,12 +170,13 @@ __device__ __forceinline__ void fwd_vec(const Vec<InT, P>& a, const Vec<InT, P>&
 }
 
 // kElems: elements per thread per tile.
-template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec>
-__global__ void __launch_bounds__(kThreads)
+template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec,
+          int kBlock = kThreads>
+__global__ void __launch_bounds__(kBlock)
 activation_fwd_kernel(const InT* __restrict__ in, OutT* __restrict__ out, int64_t rows,
                       int64_t cols, bool vectorized, const float* __restrict__ scale_ptr,
                       float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr) {
-  using Shape = Pieces<InT, kElems>;
+  using Shape = Pieces<InT, kElems, kBlock>;
   constexpr int P = Shape::P;
   OutputCast<OutT> cast(scale_ptr, scale_inv_ptr);
   const int64_t n = rows * cols;
@@ -195,13 +192,13 @@ activation_fwd_kernel(const InT* __restrict__ in, OutT* __restrict__ out, int64_
       // Every load of the tile is issued before the first use.
 #pragma unroll
       for (int p = 0; p < Shape::kCount; ++p) {
-        const int64_t i = in_offset(base + int64_t(p) * kThreads * P);
+        const int64_t i = in_offset(base + int64_t(p) * kBlock * P);
         load_vec(a[p], in + i);
         if (kGated) load_vec(b[p], in + i + cols);
       }
 #pragma unroll
       for (int p = 0; p < Shape::kCount; ++p)
-        fwd_vec<Op, kGated>(a[p], b[p], cast, out + base + int64_t(p) * kThreads * P);
+        fwd_vec<Op, kGated>(a[p], b[p], cast, out + base + int64_t(p) * kBlock * P);
     }
     // Whole pieces after the last whole tile, then single elements.
     const int64_t pieces = n / P;
@@ -245,13 +242,14 @@ __device__ __forceinline__ void bwd_vec(const Vec<InT, P>& g, const Vec<InT, P>&
   if (kGated) store_vec(dst + cols, db);
 }
 
-template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec>
-__global__ void __launch_bounds__(kThreads)
+template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec,
+          int kBlock = kThreads>
+__global__ void __launch_bounds__(kBlock)
 activation_bwd_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
                       OutT* __restrict__ out, int64_t rows, int64_t cols, bool vectorized,
                       const float* __restrict__ scale_ptr, float* __restrict__ amax_ptr,
                       float* __restrict__ scale_inv_ptr) {
-  using Shape = Pieces<InT, kElems>;
+  using Shape = Pieces<InT, kElems, kBlock>;
   constexpr int P = Shape::P;
   OutputCast<OutT> cast(scale_ptr, scale_inv_ptr);
   const int64_t n = rows * cols;
@@ -267,7 +265,7 @@ activation_bwd_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
       int64_t at[Shape::kCount];
 #pragma unroll
       for (int p = 0; p < Shape::kCount; ++p) {
-        const int64_t o = base + int64_t(p) * kThreads * P;
+        const int64_t o = base + int64_t(p) * kBlock * P;
         at[p] = in_offset(o);
         load_vec(g[p], grad + o);
         load_vec(a[p], in + at[p]);
@@ -386,6 +384,35 @@ dbias_dact_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
 
 // ----- launchers -------------------------------------------------------------------------------
 
+// Launch shape of one kind: elements per thread per tile and threads per block.
+struct ElementwiseShape {
+  int elems, block;
+};
+
+// High-precision outputs run one tile per block in a single pass, like a copy kernel, so every
+// thread's loads are issued at once. Measured on an H100 at 16384x4096 and 32768x8192 bf16,
+// interleaved with torch.compile (times relative to it, relu / silu / gelu):
+//   plain forward  16 x 256: 0.991-0.999   8 x 128: 0.995-1.002   8 x 512: 0.94 for gelu
+//   gated forward   8 x 256: 0.993-1.001   8 x 1024: 0.999-1.007
+//   backwards       8 x 256: 1.000-1.013 (kept)
+// FP8 outputs: a grid of a few waves looping over the data, so that only that many blocks
+// publish an amax atomically; 16 elements per thread for the plain forward, 8 otherwise.
+template <typename OutT>
+constexpr ElementwiseShape shape_of(Kind kind) {
+  if (is_fp8_type<OutT>()) return {kind == Kind::kForward ? kVec : kMultiInputVec, kThreads};
+  if (kind == Kind::kForward) return {kMultiInputVec, 128};
+  if (kind == Kind::kGatedForward) return {kMultiInputVec, 1024};
+  return {kMultiInputVec, kThreads};
+}
+
+template <class Op, bool kGated, typename InT, typename OutT, Kind K>
+void launch_fwd_kind(const InT* in, OutT* out, const ElementwiseArgs& a, bool vec, int grid,
+                     cudaStream_t s) {
+  constexpr ElementwiseShape sh = shape_of<OutT>(K);
+  activation_fwd_kernel<Op, kGated, InT, OutT, sh.elems, sh.block><<<grid, sh.block, 0, s>>>(
+      in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
+}
+
 template <class Op, typename InT, typename OutT>
 void launch_elementwise_typed(const ElementwiseArgs& a) {
   const bool gated = a.kind == Kind::kGatedForward || a.kind == Kind::kGatedBackward;
@@ -393,24 +420,25 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
   const int64_t n = a.rows * a.cols;
   bool vec = aligned16(a.input) && aligned16(a.output) && (forward || aligned16(a.grad));
   if (gated) vec = vec && a.cols % Pieces<InT>::P == 0;
-  // High-precision outputs: one tile per block in a single pass, like a copy kernel, so every
-  // thread's loads are issued at once. FP8 outputs: a grid of a few waves looping over the
-  // data, so that only that many blocks publish an amax atomically.
-  const int elems = a.kind == Kind::kForward ? kVec : kMultiInputVec;
-  const int64_t items = vec ? n / elems + 1 : n;  // about one tile per block of threads
-  const int grid = is_fp8_type<OutT>() ? elementwise_grid(items) : single_pass_grid(items);
+  const ElementwiseShape sh = shape_of<OutT>(a.kind);
+  const int64_t items = vec ? n / sh.elems + 1 : n;  // about one tile per block
+  int grid;
+  if (is_fp8_type<OutT>()) {
+    grid = elementwise_grid(items);
+  } else {
+    const int64_t blocks = (items + sh.block - 1) / sh.block;  // the kernels loop if more
+    grid = static_cast<int>(blocks > (int64_t(1) << 31) - 1 ? (int64_t(1) << 31) - 1 : blocks);
+  }
   auto in = static_cast<const InT*>(a.input);
   auto grad = static_cast<const InT*>(a.grad);
   auto out = static_cast<OutT*>(a.output);
   cudaStream_t s = to_stream(a.stream);
   switch (a.kind) {
     case Kind::kForward:
-      activation_fwd_kernel<Op, false, InT, OutT><<<grid, kThreads, 0, s>>>(
-          in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
+      launch_fwd_kind<Op, false, InT, OutT, Kind::kForward>(in, out, a, vec, grid, s);
       break;
     case Kind::kGatedForward:
-      activation_fwd_kernel<Op, true, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(
-          in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
+      launch_fwd_kind<Op, true, InT, OutT, Kind::kGatedForward>(in, out, a, vec, grid, s);
       break;
     case Kind::kBackward:
       activation_bwd_kernel<Op, false, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(

@@ -62,9 +62,13 @@ void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtyp
                          int64_t row_blocks, int64_t cols, NVTEStream stream);
 
 // Blocks of 256 threads for a grid-stride loop over work_items items: a few waves of resident
-// blocks (elementwise_grid), or one item per thread (single_pass_grid, capped at 2^31 - 1).
+// blocks.
 int elementwise_grid(int64_t work_items);
-int single_pass_grid(int64_t work_items);
+
+// Argument checks shared with the fused cast+transpose forms (transpose/act_cast_transpose.cu):
+// the activation code is one of the enum's, and a gated input [..., 2N] (cols = 2N) yields N.
+void check_act(NVTEActivation act);
+int64_t gated_width(const NVTETensor& in, int64_t cols);
 
 template <NVTEActivation A> void launch_elementwise(const ElementwiseArgs& args);
 template <NVTEActivation A> void launch_dbias(const DbiasArgs& args);

@@ -11,10 +11,8 @@ namespace te {
 namespace tile_transpose {
 namespace {
 
-void check_act(NVTEActivation act) {
-  TE_CHECK_ARG(act >= 0 && act < kNVTENumActivations, "activation code ", int(act),
-               " is invalid; expected 0..", int(kNVTENumActivations) - 1);
-}
+using act::check_act;
+using act::gated_width;
 
 void run(NVTEActivation act, const ActTransposeArgs& a) {
   switch (act) {
@@ -47,13 +45,6 @@ void check_outputs(const NVTETensor* output, const NVTETensor* output_t, int64_t
 void check_input(const NVTETensor* input, const char* what) {
   check_tensor(input, what);
   check_dtype_in(*input, what, is_high_precision(input->dtype), "float32, float16 or bfloat16");
-}
-
-// Gated input [rows, 2N]: returns N after checking the last dim is even.
-int64_t gated_width(const NVTETensor& in, int64_t cols) {
-  TE_CHECK_ARG(in.ndim >= 1 && cols % 2 == 0, "input has shape ", shape_str(in),
-               "; a gated activation expects an even last dimension [..., 2*N]");
-  return cols / 2;
 }
 
 ActTransposeArgs make_args(ActKind kind, const NVTETensor* grad, const NVTETensor& in,
@@ -111,12 +102,7 @@ NVTEStatus backward(const char* op, NVTEActivation act, bool gated, const NVTETe
     ActTransposeArgs a = make_args(gated ? ActKind::kGatedBackward : ActKind::kBackward, grad,
                                    *input, *output, *output_t, rows, cols, stream);
     if (dbias != nullptr) {
-      check_tensor(dbias, "dbias");
-      check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype),
-                     "float32, float16 or bfloat16");
-      TE_CHECK_ARG(numel(*dbias) == cols, "dbias has shape ", shape_str(*dbias), "; expected [",
-                   cols, "] (the input's last dimension)");
-      if (dbias_workspace_query(workspace, rows, cols)) return;
+      if (check_dbias(dbias, workspace, rows, cols)) return;
       a.partial = static_cast<float*>(workspace->data);
     }
     run(act, a);

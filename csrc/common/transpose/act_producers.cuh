@@ -12,24 +12,13 @@
 namespace te {
 namespace tile_transpose {
 
-// y = act(x), x [rows, cols].
+// y = act(x), x [rows, cols]: the copy producer's loads, the activation applied to each value.
 template <class Op, typename T>
-struct ActProducer {
-  using InT = T;
-  static constexpr int kInputs = 1;
-  const T* x;
-  int64_t cols;
-  template <int N> __device__ void load_seg(Vec<T, N> (&v)[kInputs], int64_t r, int64_t c) const {
-    v[0].load(x + r * cols + c);
-  }
-  template <int N>
-  __device__ void load_one(Vec<T, N> (&v)[kInputs], int k, int64_t r, int64_t c) const {
-    v[0].v[k] = x[r * cols + c];
-  }
+struct ActProducer : CopyProducer<T> {
+  using CopyProducer<T>::kInputs;
   template <int N> __device__ float value(const Vec<T, N> (&v)[kInputs], int k, int64_t) const {
     return Op::value(to_float(v[0].v[k]));
   }
-  bool vector_ok(int) const { return aligned16(x); }
 };
 
 // y = act(a) * b with a = x[r, c], b = x[r, n + c]; x [rows, 2n], y [rows, n].
@@ -129,7 +118,7 @@ void launch_act_typed(const ActTransposeArgs& a) {
   switch (a.kind) {
     case ActKind::kForward:
       launch_tiles<ActProducer<Op, InT>, OutT, true, false>(
-          {in, a.cols}, out, out_t, a.rows, a.cols, a.scale, a.amax, a.scale_inv, nullptr, s);
+          {{in, a.cols}}, out, out_t, a.rows, a.cols, a.scale, a.amax, a.scale_inv, nullptr, s);
       break;
     case ActKind::kGatedForward:
       launch_tiles<GatedActProducer<Op, InT>, OutT, true, false>(

@@ -10,7 +10,11 @@ namespace tile_transpose {
 
 int64_t dbias_workspace_rows(int64_t rows) { return fp8_row_tiles(rows); }
 
-bool dbias_workspace_query(NVTETensor* workspace, int64_t rows, int64_t cols) {
+bool check_dbias(const NVTETensor* dbias, NVTETensor* workspace, int64_t rows, int64_t cols) {
+  check_tensor(dbias, "dbias");
+  check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype), "float32, float16 or bfloat16");
+  TE_CHECK_ARG(numel(*dbias) == cols, "dbias has shape ", shape_str(*dbias), "; expected [", cols,
+               "] (the input's last dimension)");
   TE_CHECK_ARG(workspace != nullptr, "workspace is a null descriptor");
   const int64_t ws_rows = dbias_workspace_rows(rows);
   if (workspace->data == nullptr && workspace->ndim == 0) {
@@ -115,12 +119,7 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETen
   return guard("nvte_cast_transpose_dbias", [&] {
     int64_t rows, cols;
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
-    check_tensor(dbias, "dbias");
-    check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype),
-                   "float32, float16 or bfloat16");
-    TE_CHECK_ARG(numel(*dbias) == cols, "dbias has shape ", shape_str(*dbias), "; expected [",
-                 cols, "] (the input's last dimension)");
-    if (dbias_workspace_query(workspace, rows, cols)) return;
+    if (check_dbias(dbias, workspace, rows, cols)) return;
     float* partial = static_cast<float*>(workspace->data);
     launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream);
     act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows), cols,

@@ -35,10 +35,11 @@ template <NVTEActivation A> void launch_act_cast_transpose(const ActTransposeArg
 // Rows of the dbias workspace [dbias_workspace_rows(rows), cols] fp32.
 int64_t dbias_workspace_rows(int64_t rows);
 
-// The workspace protocol of the dbias ops: a zeroed descriptor (data NULL, ndim 0) is a size
-// query, answered by writing its shape and dtype (returns true: nothing else may run);
-// otherwise the workspace is checked against the size the shape needs (returns false).
-bool dbias_workspace_query(NVTETensor* workspace, int64_t rows, int64_t cols);
+// The argument checks and workspace protocol of the dbias ops: dbias must be a high-precision
+// [cols] tensor; a zeroed workspace descriptor (data NULL, ndim 0) is a size query, answered by
+// writing its shape and dtype (returns true: nothing else may run); otherwise the workspace is
+// checked against the size the shape needs (returns false).
+bool check_dbias(const NVTETensor* dbias, NVTETensor* workspace, int64_t rows, int64_t cols);
 
 }  // namespace tile_transpose
 }  // namespace te
