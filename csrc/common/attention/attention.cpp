@@ -23,11 +23,12 @@ const char* format_name(NVTEQKVFormat f) {
 
 // Dense strides of a tensor with `heads` heads of `dim` and `seqlen` positions in the layout.
 LayoutStrides dense_strides(const NVTEAttnParams& p, int64_t heads, int64_t dim, int64_t seqlen) {
+  const int64_t token = heads * dim;  // elements of one token (all its heads)
   LayoutStrides s;
   switch (p.qkv_format) {
-    case kNVTEQKVFormatBSHD: s.v[0] = seqlen * heads * dim; s.v[1] = heads * dim; s.v[2] = dim; break;
-    case kNVTEQKVFormatSBHD: s.v[0] = p.batch * heads * dim; s.v[1] = heads * dim; s.v[2] = dim; break;
-    default: s.v[0] = heads * dim; s.v[1] = dim; s.v[2] = 0; break;  // THD
+    case kNVTEQKVFormatBSHD: s.v[0] = seqlen * token; s.v[1] = token; s.v[2] = dim; break;
+    case kNVTEQKVFormatSBHD: s.v[0] = p.batch * token; s.v[1] = token; s.v[2] = dim; break;
+    default: s.v[0] = token; s.v[1] = dim; s.v[2] = 0; break;  // THD
   }
   return s;
 }
@@ -79,10 +80,14 @@ AttnArgs args_from_params(const NVTEAttnParams* params) {
   a.uses_lengths = p.qkv_format == kNVTEQKVFormatTHD || mask_is_padding(p.mask_type);
   a.window_left = p.window_left;
   a.window_right = mask_is_causal(p.mask_type) ? 0 : p.window_right;
-  a.stride_q = resolve_strides(p, p.stride_q, "stride_q", p.num_heads_q, p.head_dim_qk, p.max_seqlen_q);
-  a.stride_k = resolve_strides(p, p.stride_k, "stride_k", p.num_heads_kv, p.head_dim_qk, p.max_seqlen_kv);
-  a.stride_v = resolve_strides(p, p.stride_v, "stride_v", p.num_heads_kv, p.head_dim_v, p.max_seqlen_kv);
-  a.stride_o = resolve_strides(p, p.stride_o, "stride_o", p.num_heads_q, p.head_dim_v, p.max_seqlen_q);
+  a.stride_q = resolve_strides(p, p.stride_q, "stride_q", p.num_heads_q, p.head_dim_qk,
+                               p.max_seqlen_q);
+  a.stride_k = resolve_strides(p, p.stride_k, "stride_k", p.num_heads_kv, p.head_dim_qk,
+                               p.max_seqlen_kv);
+  a.stride_v = resolve_strides(p, p.stride_v, "stride_v", p.num_heads_kv, p.head_dim_v,
+                               p.max_seqlen_kv);
+  a.stride_o = resolve_strides(p, p.stride_o, "stride_o", p.num_heads_q, p.head_dim_v,
+                               p.max_seqlen_q);
   a.dense = a.stride_q == dense_strides(p, p.num_heads_q, p.head_dim_qk, p.max_seqlen_q) &&
             a.stride_k == dense_strides(p, p.num_heads_kv, p.head_dim_qk, p.max_seqlen_kv) &&
             a.stride_v == dense_strides(p, p.num_heads_kv, p.head_dim_v, p.max_seqlen_kv) &&
