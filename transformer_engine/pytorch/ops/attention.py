@@ -12,10 +12,13 @@ Contract for the dispatcher (transformer_engine/pytorch/attention/, attn-py) -- 
                           softmax_scale, dropout_p=0.0, cu_seqlens_q=None, cu_seqlens_kv=None,
                           max_seqlen_q=None, max_seqlen_kv=None) -> (out, softmax_lse, rng_state)
   fused_attention_backward(q, k, v, out, d_out, softmax_lse, rng_state, *, <same keywords>,
-                           deterministic=False) -> (dq, dk, dv)
+                           deterministic=False, pack=None) -> (dq, dk, dv)
+                                   dq/dk/dv with q/k/v's strides where cuDNN reads those in place;
+                                   pack (attention_packed.QKVPack): views of one packed buffer
   FusedAttention.apply(q, k, v, backend, qkv_format, mask_type, window_size, softmax_scale,
                        dropout_p, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-                       deterministic) -> out            (autograd over the two above)
+                       deterministic) -> out            (autograd over the two above; q/k/v from
+                                   attention_packed.split_packed_qkv get one packed gradient)
   attention_reference(q, k, v, *, qkv_format, mask_type, window_size=(-1, -1), softmax_scale,
                       dropout_p=0.0, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
                       max_seqlen_kv=None, attn_mask=None, return_lse=False) -> out [, lse]
