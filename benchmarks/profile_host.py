@@ -11,12 +11,11 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import time
 
 import torch
 
 import transformer_engine.pytorch as te
-from bench_modules import step_fn  # benchmarks/ is on sys.path when this script runs
+from bench_modules import host_round_us, step_fn  # benchmarks/ is on sys.path when this script runs
 from transformer_engine.common import recipe
 
 TOKENS, FIN, FOUT = 64, 1024, 1024
@@ -32,16 +31,6 @@ def make_step(name, x, dy):
     r = {"bf16": None, "torch": None, "delayed": recipe.DelayedScaling(),
          "current": recipe.Float8CurrentScaling()}[name]
     return step_fn(mod, x, dy, r)  # the step bench_modules.py times
-
-
-def host_us(step, steps):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / steps
 
 
 def main():
@@ -63,7 +52,7 @@ def main():
     rounds = {name: [] for name in names}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            rounds[name].append(host_us(step, args.steps))
+            rounds[name].append(host_round_us(step, args.steps))
     base = statistics.median(rounds["torch"]) if "torch" in rounds else None
     for name in names:
         med = statistics.median(rounds[name])
