@@ -73,6 +73,7 @@ cublasLtEpilogue_t lt_epilogue(NVTEGemmEpilogue e) {
     case kNVTEGemmEpilogueBiasGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case kNVTEGemmEpilogueDGelu: return CUBLASLT_EPILOGUE_DGELU;
     case kNVTEGemmEpilogueDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case kNVTEGemmEpilogueBGradB: return CUBLASLT_EPILOGUE_BGRADB;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
 }

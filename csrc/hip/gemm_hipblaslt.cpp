@@ -112,6 +112,7 @@ hipblasLtEpilogue_t lt_epilogue(NVTEGemmEpilogue e) {
     case kNVTEGemmEpilogueBiasGeluAux: return HIPBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case kNVTEGemmEpilogueDGelu: return HIPBLASLT_EPILOGUE_DGELU;
     case kNVTEGemmEpilogueDGeluBGrad: return HIPBLASLT_EPILOGUE_DGELU_BGRAD;
+    case kNVTEGemmEpilogueBGradB: return HIPBLASLT_EPILOGUE_BGRADB;
     default: return HIPBLASLT_EPILOGUE_DEFAULT;
   }
 }

@@ -254,3 +254,41 @@ TE_TEST(gemm_empty_batch_zeroes_bias_grad) {
   TE_EXPECT(cuda_ok(), "sync");
   for (float v : bias.download()) TE_EXPECT(v == 0.f, "bias grad over no rows is %g", v);
 }
+
+// BGradB (the wgrad layout NT): D = op(B) op(A) and the bias = B's column sums, fused by the
+// library where it can, else by the portable epilogue; any other layout is refused.
+TE_TEST(gemm_bgradb_sums_b_and_refuses_other_layouts) {
+  Workspace ws;
+  const int64_t m = 64, n = 48, k = 80;
+  auto a = from_bf16(to_bf16(random_floats(size_t(k * m), 11)));
+  auto b = from_bf16(to_bf16(random_floats(size_t(k * n), 12)));
+  DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b)), dd(static_cast<size_t>(n * m)),
+      dbias(static_cast<size_t>(n));
+  NVTETensor A = desc(da.ptr, {k, m}, kNVTEBFloat16), B = desc(db.ptr, {k, n}, kNVTEBFloat16);
+  NVTETensor D = desc(dd.ptr, {n, m}, kNVTEBFloat16), Bias = desc(dbias.ptr, {n}, kNVTEBFloat16);
+  TE_EXPECT(nvte_gemm(&A, false, &B, true, &D, &Bias, nullptr, kNVTEGemmEpilogueBGradB, 1.f, 0.f,
+                      false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto want = cpu_gemm(a, b, false, true, m, n, k);
+  auto got = from_bf16(dd.download());
+  auto got_bias = from_bf16(dbias.download());
+  int bad = 0, bad_b = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    bad += !close(got[i], want[i], 1.6e-2, 1e-3 * std::sqrt(double(k)));
+  for (int64_t j = 0; j < n; ++j) {
+    double sum = 0.0, mag = 0.0;
+    for (int64_t r = 0; r < k; ++r) {
+      sum += b[size_t(r * n + j)];
+      mag += std::fabs(b[size_t(r * n + j)]);
+    }
+    bad_b += !close(got_bias[size_t(j)], sum, 1.6e-2, 1e-5 * mag + 1e-3);
+  }
+  TE_EXPECT(bad == 0 && bad_b == 0, "%d D / %d bias mismatches", bad, bad_b);
+  NVTETensor Bn = desc(db.ptr, {n, k}, kNVTEBFloat16);  // transb = false
+  TE_EXPECT(nvte_gemm(&A, false, &Bn, false, &D, &Bias, nullptr, kNVTEGemmEpilogueBGradB, 1.f,
+                      0.f, false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEUnsupported,
+            "BGradB with layout NN accepted");
+  TE_EXPECT(std::strstr(nvte_last_error_message(), "BGradB") != nullptr, "%s",
+            nvte_last_error_message());
+}

@@ -100,6 +100,8 @@ def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate,
         gelu_input = randn((n, m), side, device, seed=seed + 3, scale=2.0)
         kwargs["gelu_input"] = gelu_input
         kwargs["bias_grad"] = epilogue == "dgelu_bgrad"
+    if epilogue == "bgradb":
+        kwargs["bias_grad"] = True
     if accumulate:
         acc0 = randn((n, m), out_dtype, device, seed=seed + 4)
         kwargs["out"] = acc0.clone()
@@ -126,6 +128,10 @@ def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate,
         d_rounding = 0.5 * tols(out_dtype)["rtol"] * ref.abs().sum(0)
         assert_gemm_close(res.bias_grad, ref.sum(0), absprod.sum(0), res.bias_grad.dtype,
                           fp8, "bias_grad", extra=d_rounding + extra.sum(0))
+    elif epilogue == "bgradb":  # op_b(B) = B.T ([k, n] row-major) summed over k: B's column sums
+        b = B.cpu().double().reshape(k, n)
+        assert res.bias_grad.shape == (n,) and res.bias_grad.dtype == out_dtype
+        assert_gemm_close(res.bias_grad, b.sum(0), b.abs().sum(0), out_dtype, fp8, "bias_grad")
     else:
         assert res.bias_grad is None
     return res
@@ -176,6 +182,22 @@ def test_gemm_misaligned_pointers(device, dtype):
         A = a_buf[offset:offset + m * k].view(m, k)
         B = b_buf[offset:offset + n * k].view(n, k)
         run_case(device, "TN", m, n, k, dtype, dtype, "bias", False, A=A, B=B, seed=offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", HP_SHAPES + [(64, 48, 0), (0, 48, 80), (64, 0, 80)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype,fp32_out", [(d, f) for d in HP for f in (False, True)
+                                            if not (d == torch.float32 and f)],
+                         ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, bool)
+                         else ("fp32out" if v else "sameout"))
+@pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
+def test_gemm_wgrad_bias_grad(device, shape, dtype, fp32_out, accumulate):
+    """The wgrad epilogue BGradB (layout NT, B = dY): dW and dY's column sums from one GEMM,
+    also with k = 0 (zero sums, out = beta * out), m = 0 (no dW, the sums still made) and n = 0."""
+    m, n, k = shape
+    run_case(device, "NT", m, n, k, dtype, torch.float32 if fp32_out else dtype, "bgradb",
+             accumulate, seed=7)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -320,8 +342,11 @@ def test_gemm_errors_name_op_and_argument(device):
         ops.general_gemm(A, B, torch.float16)
     with pytest.raises(ValueError, match="accumulate=True needs `out`"):
         ops.general_gemm(A, B, accumulate=True)
-    with pytest.raises(ValueError, match="bias_grad=True needs gelu_input"):
+    with pytest.raises(ValueError, match="bias_grad=True without gelu_input .* layout 'TN'"):
         ops.general_gemm(A, B, bias_grad=True)
+    with pytest.raises(ValueError, match="bias .* and bias_grad=True .* are exclusive"):
+        ops.general_gemm(randn((32, 16), torch.bfloat16, device), randn((32, 8), torch.bfloat16, device),
+                         layout="NT", bias=randn((16,), torch.bfloat16, device), bias_grad=True)
     with pytest.raises(ValueError, match="bias has shape"):
         ops.general_gemm(A, B, bias=randn((15,), torch.bfloat16, device))
     A8, A_si = fp8_operand((16, 32), "e4m3", device, 1)
@@ -333,6 +358,8 @@ def test_gemm_errors_name_op_and_argument(device):
         ops.general_gemm(E5, E5, A_scale_inv=E5_si, B_scale_inv=E5_si)
     with pytest.raises(ValueError, match="out_scale is required"):
         ops.general_gemm(A8, B8, native.fp8_dtype("e4m3", device), A_scale_inv=A_si, B_scale_inv=A_si)
+    with pytest.raises(ValueError, match="bias_grad=True without gelu_input .*float8"):
+        ops.general_gemm(A8, B8, layout="NT", A_scale_inv=A_si, B_scale_inv=A_si, bias_grad=True)
 
 
 # ----- native only: C API errors through the binding, graph capture ---------------------------

@@ -4,7 +4,8 @@
 //
 // One 2-D pass over D: each 256-thread block covers 32 consecutive columns (coalesced, since D is
 // row-major with m columns) and strides over rows, so the bias-gradient column sums accumulate
-// in registers and need one shared-memory step and one atomic per column and block.
+// in registers and need one shared-memory step and one atomic per column and block. BGradB's
+// column sums of B are the same pass over B in read-only mode.
 #include "activation/activation_math.cuh"
 #include "gemm/gemm_backend.h"
 #include "util/device_utils.cuh"
@@ -54,6 +55,7 @@ struct EpilogueParams {
   int64_t m, n;
   float result_scale;  // 0: the product is zero and D is not read
   bool gelu_forward, gelu_backward, fp8_out;
+  bool store;  // false: only sum the columns (BGradB reads B and must not write it)
   const float* d_scale;
   float* d_amax;
 };
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) epilogue_kernel(EpilogueParams p) {
         amax = amax_step(amax, r);
         r *= scale;
       }
-      store_from_float(p.d, p.d_type, idx, r);
+      if (p.store) store_from_float(p.d, p.d_type, idx, r);
     }
   }
   if (p.bias_grad_acc != nullptr) {
@@ -128,9 +130,72 @@ void zero_device(void* ptr, size_t bytes, NVTEStream stream) {
   check_cuda(cudaMemsetAsync(ptr, 0, bytes, to_stream(stream)), "cudaMemsetAsync");
 }
 
+namespace {
+
+// fp32 column sums for a bias gradient of `cols` elements: the start of the library workspace,
+// zeroed on the stream.
+float* bias_grad_scratch(const GemmArgs& g, int64_t cols) {
+  const size_t need = size_t(cols) * sizeof(float);
+  TE_CHECK_ARG(g.workspace != nullptr && g.workspace_size >= need, "the unfused bias gradient ",
+               "of ", describe_problem(g), " needs ", need + kInternalScratchBytes,
+               " bytes of workspace; got ", g.workspace_size + kInternalScratchBytes);
+  float* acc = static_cast<float*>(g.workspace);
+  zero_device(acc, need, g.stream);
+  return acc;
+}
+
+// One epilogue_kernel pass over the p.n x p.m row-major matrix at p.d.
+void launch_pass(const EpilogueParams& p, cudaStream_t stream) {
+  const int64_t col_blocks = (p.m + kCols - 1) / kCols;
+  const int64_t row_blocks = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  // Enough blocks to fill any current GPU a few times over; rows beyond that are strided.
+  const int64_t target = 132 * 16;
+  int64_t grid_y = target / col_blocks;
+  grid_y = grid_y < 1 ? 1 : (grid_y > row_blocks ? row_blocks : grid_y);
+  grid_y = grid_y > 65535 ? 65535 : grid_y;
+  TE_CHECK_ARG(col_blocks <= 0x7fffffff, "m=", p.m, " is too large for the unfused epilogue");
+  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
+  epilogue_kernel<<<grid, kThreads, 0, stream>>>(p);
+  check_launch("epilogue_kernel");
+}
+
+void store_bias_grad(const float* acc, void* bias, NVTEDType bias_type, int64_t cols,
+                     cudaStream_t stream) {
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>((cols + threads - 1) / threads);
+  store_bias_grad_kernel<<<blocks, threads, 0, stream>>>(acc, bias, bias_type, cols);
+  check_launch("store_bias_grad_kernel");
+}
+
+// BGradB: D = result_scale * D (only k = 0 leaves something to do: result_scale = beta), and
+// the bias = column sums of B ([k, n] row-major; nvte_gemm admits BGradB only with transb).
+void run_bgradb(const GemmArgs& g, float result_scale, cudaStream_t stream) {
+  if (result_scale != 1.f && g.m > 0 && g.n > 0) {
+    GemmArgs plain = g;
+    plain.epilogue = kNVTEGemmEpilogueNone;
+    run_unfused_epilogue(plain, result_scale);
+  }
+  if (g.n == 0) return;
+  float* acc = bias_grad_scratch(g, g.n);
+  if (g.k > 0) {
+    EpilogueParams p{};
+    p.d = const_cast<void*>(g.b);
+    p.d_type = g.b_type;
+    p.m = g.n;
+    p.n = g.k;
+    p.result_scale = 1.f;
+    p.bias_grad_acc = acc;
+    launch_pass(p, stream);
+  }
+  store_bias_grad(acc, g.bias, g.bias_type, g.n, stream);
+}
+
+}  // namespace
+
 void run_unfused_epilogue(const GemmArgs& g, float result_scale) {
-  if (g.m == 0 || g.n == 0) return;
   cudaStream_t stream = to_stream(g.stream);
+  if (g.epilogue == kNVTEGemmEpilogueBGradB) return run_bgradb(g, result_scale, stream);
+  if (g.m == 0 || g.n == 0) return;
   EpilogueParams p{};
   p.d = g.d;
   p.d_type = g.d_type;
@@ -144,37 +209,14 @@ void run_unfused_epilogue(const GemmArgs& g, float result_scale) {
   p.gelu_forward = epilogue_gelu_forward(g.epilogue);
   p.gelu_backward = epilogue_gelu_backward(g.epilogue);
   p.fp8_out = is_fp8_type(g.d_type);
+  p.store = true;
   p.d_scale = g.d_scale;
   p.d_amax = g.d_amax;
   const bool bias_grad = g.epilogue == kNVTEGemmEpilogueDGeluBGrad;
-  if (bias_grad) {
-    const size_t need = size_t(g.m) * sizeof(float);
-    TE_CHECK_ARG(g.workspace != nullptr && g.workspace_size >= need, "the unfused bias gradient ",
-                 "of ", describe_problem(g), " needs ", need + kInternalScratchBytes,
-                 " bytes of workspace; got ", g.workspace_size + kInternalScratchBytes);
-    p.bias_grad_acc = static_cast<float*>(g.workspace);
-    zero_device(p.bias_grad_acc, need, g.stream);
-  }
+  if (bias_grad) p.bias_grad_acc = bias_grad_scratch(g, g.m);
   if (p.fp8_out && p.d_amax != nullptr) zero_device(p.d_amax, sizeof(float), g.stream);
-
-  const int64_t col_blocks = (g.m + kCols - 1) / kCols;
-  const int64_t row_blocks = (g.n + kRowsPerBlock - 1) / kRowsPerBlock;
-  // Enough blocks to fill any current GPU a few times over; rows beyond that are strided.
-  const int64_t target = 132 * 16;
-  int64_t grid_y = target / col_blocks;
-  grid_y = grid_y < 1 ? 1 : (grid_y > row_blocks ? row_blocks : grid_y);
-  grid_y = grid_y > 65535 ? 65535 : grid_y;
-  TE_CHECK_ARG(col_blocks <= 0x7fffffff, "m=", g.m, " is too large for the unfused epilogue");
-  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
-  epilogue_kernel<<<grid, kThreads, 0, stream>>>(p);
-  check_launch("epilogue_kernel");
-  if (bias_grad) {
-    const int threads = 256;
-    const unsigned blocks = static_cast<unsigned>((g.m + threads - 1) / threads);
-    store_bias_grad_kernel<<<blocks, threads, 0, stream>>>(p.bias_grad_acc, g.bias, g.bias_type,
-                                                           g.m);
-    check_launch("store_bias_grad_kernel");
-  }
+  launch_pass(p, stream);
+  if (bias_grad) store_bias_grad(p.bias_grad_acc, g.bias, g.bias_type, g.m, stream);
 }
 
 void finalize_fp8_output(float* amax, const float* amax_src, const float* scale, float* scale_inv,

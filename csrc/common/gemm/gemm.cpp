@@ -19,6 +19,7 @@ const char* epilogue_name(NVTEGemmEpilogue e) {
     case kNVTEGemmEpilogueBiasGeluAux: return "BiasGeluAux";
     case kNVTEGemmEpilogueDGelu: return "DGelu";
     case kNVTEGemmEpilogueDGeluBGrad: return "DGeluBGrad";
+    case kNVTEGemmEpilogueBGradB: return "BGradB";
     default: return "invalid";
   }
 }
@@ -93,12 +94,22 @@ void check_output_type(const NVTETensor& A, const NVTETensor& D) {
 void check_epilogue_tensors(const GemmArgs& g, NVTETensor* bias, NVTETensor* aux) {
   const NVTEGemmEpilogue e = g.epilogue;
   const bool d8 = is_fp8(g.d_type);
+  if (e == kNVTEGemmEpilogueBGradB) {
+    // The portable fallback sums B's rows (row-major [k, n]); FP8 data would need its scale.
+    if (!g.transb)
+      TE_UNSUPPORTED("epilogue BGradB sums op(B) over k only for a transposed B (layout NT, the ",
+                     "wgrad layout); got layout ", g.transa ? "T" : "N", "N");
+    if (is_fp8(g.b_type))
+      TE_UNSUPPORTED("epilogue BGradB takes high-precision operands; an FP8 output gradient ",
+                     "gets its bias gradient from nvte_cast_transpose_dbias");
+  }
   if (epilogue_uses_bias(e)) {
-    const char* what = e == kNVTEGemmEpilogueDGeluBGrad ? "bias (the bias gradient output)" : "bias";
+    const char* what = epilogue_writes_bias_grad(e) ? "bias (the bias gradient output)" : "bias";
     TE_CHECK_ARG(bias != nullptr, what, " is required by epilogue ", epilogue_name(e));
     check_tensor(bias, what);
-    TE_CHECK_ARG(numel(*bias) == g.m, what, " has shape ", shape_str(*bias), "; expected ", g.m,
-                 " elements (D's last dimension)");
+    TE_CHECK_ARG(numel(*bias) == bias_length(g), what, " has shape ", shape_str(*bias),
+                 "; expected ", bias_length(g), " elements (",
+                 e == kNVTEGemmEpilogueBGradB ? "op(B)'s columns" : "D's last dimension", ")");
     if (d8)
       check_dtype_in(*bias, what, bias->dtype == kNVTEBFloat16 || bias->dtype == kNVTEFloat16,
                      "bfloat16 or float16 for an FP8 D");
@@ -226,9 +237,11 @@ extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETens
     backend_check(g);
 
     if (g.m == 0 || g.n == 0) {
-      // Nothing to multiply; a bias gradient over zero rows is zero.
+      // Nothing to multiply; a bias gradient over zero rows of D is zero, while BGradB's sums
+      // of B do not depend on D.
       if (epilogue == kNVTEGemmEpilogueDGeluBGrad && g.m > 0)
         zero_device(g.bias, size_t(g.m) * nvte_dtype_size(g.bias_type), stream);
+      if (epilogue == kNVTEGemmEpilogueBGradB) run_unfused_epilogue(g, 1.f);
     } else if (g.k == 0) {
       // An empty reduction: D = epilogue(beta * D). The libraries reject k = 0.
       run_unfused_epilogue(g, beta);

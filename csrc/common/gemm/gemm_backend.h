@@ -46,7 +46,7 @@ struct GemmArgs {
   // FP8 D only: what to pass as C. The libraries refuse C == D when C's type differs from D's
   // (an FP8 D takes a 16-bit C); beta is 0 then, so this distinct pointer is never read.
   const void* fp8_out_c = nullptr;
-  void* bias = nullptr;            // input for Bias*, output for DGeluBGrad
+  void* bias = nullptr;            // input for Bias*, output for DGeluBGrad and BGradB
   NVTEDType bias_type = kNVTEFloat32;
   void* aux = nullptr;  // GELU pre-activation: output for *GeluAux, input for DGelu*
   NVTEDType aux_type = kNVTEFloat32;
@@ -72,8 +72,16 @@ inline bool epilogue_gelu_backward(NVTEGemmEpilogue e) {
 inline bool epilogue_uses_aux(NVTEGemmEpilogue e) {
   return epilogue_gelu_forward(e) || epilogue_gelu_backward(e);
 }
+// The epilogues that write a bias gradient (the bias tensor is their output).
+inline bool epilogue_writes_bias_grad(NVTEGemmEpilogue e) {
+  return e == kNVTEGemmEpilogueDGeluBGrad || e == kNVTEGemmEpilogueBGradB;
+}
 inline bool epilogue_uses_bias(NVTEGemmEpilogue e) {
-  return epilogue_adds_bias(e) || e == kNVTEGemmEpilogueDGeluBGrad;
+  return epilogue_adds_bias(e) || epilogue_writes_bias_grad(e);
+}
+// Elements of the bias vector: D's columns (m), or op(B)'s columns (n) for BGradB.
+inline int64_t bias_length(const GemmArgs& g) {
+  return g.epilogue == kNVTEGemmEpilogueBGradB ? g.n : g.m;
 }
 const char* epilogue_name(NVTEGemmEpilogue e);
 
@@ -120,8 +128,9 @@ void backend_run(const GemmArgs& args);
 // Applies args.epilogue in place for a library that computed only the plain product: the value
 // before the epilogue is `result_scale * D` (D holds alpha op(A) op(B) + beta C), or 0 when
 // result_scale == 0 (D is then not read: the k = 0 case). Writes aux / the bias gradient as the
-// fused epilogues do, quantises an FP8 D with d_scale and overwrites *d_amax. The bias gradient
-// needs 4 * m bytes of args.workspace.
+// fused epilogues do, quantises an FP8 D with d_scale and overwrites *d_amax. BGradB sums B's
+// columns (B is read, never written). A bias gradient needs 4 * bias_length(args) bytes of
+// args.workspace.
 void run_unfused_epilogue(const GemmArgs& args, float result_scale);
 // amax[0] = max(amax[0], amax_src[0]) and scale_inv[0] = 1 / scale[0]; null pointers skip a part.
 void finalize_fp8_output(float* amax, const float* amax_src, const float* scale, float* scale_inv,

@@ -54,7 +54,9 @@ def _(A, B, out_dtype, layout, A_scale_inv, B_scale_inv, bias, gelu, gelu_input,
     m, out_shape = _gemm_shapes(A, B, layout)
     side, aux = _side_dtypes(out_dtype)
     out = A.new_empty(out_shape, dtype=out_dtype)
-    bgrad = A.new_empty([m] if bias_grad else list(_EMPTY), dtype=side)
+    # the bias gradient has D's m columns (dGELU epilogue) or op_b(B)'s n rows (BGradB)
+    bgrad_shape = ([m] if gelu_input is not None else [out_shape[0]]) if bias_grad else list(_EMPTY)
+    bgrad = A.new_empty(bgrad_shape, dtype=side)
     aux_t = A.new_empty(out_shape if gelu else list(_EMPTY), dtype=aux)
     return out, bgrad, aux_t
 

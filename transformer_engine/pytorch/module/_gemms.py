@@ -113,6 +113,21 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
     return None if fuse else res
 
 
+def wgrad_bgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int, bias_dtype):
+    """(wgrad_hp's dW, the bias gradient): on the direct path, with dW in the bias's dtype (not
+    accumulated into an fp32 main_grad), the wgrad GEMM sums dY's columns in its epilogue, which
+    saves a pass over dY; otherwise bias_grad_of."""
+    nc = (_direct(dy2d) if not fuse and x2d.shape[0] > 0 and x2d.dtype == dy2d.dtype == bias_dtype
+          else None)
+    if nc is None:
+        return (wgrad_hp(x2d, dy2d, weight, fuse, out_features, in_features),
+                bias_grad_of(dy2d, bias_dtype))
+    db = torch.empty(out_features, dtype=bias_dtype, device=dy2d.device)
+    dw = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
+    _fast.gemm(nc, x2d, False, dy2d, True, dw, bias_grad=db)
+    return dw, db
+
+
 def dgrad_hp(w, dy2d):
     nc = _direct(dy2d) if dy2d.shape[0] > 0 and w.dtype == dy2d.dtype else None
     if nc is not None:

@@ -76,13 +76,17 @@ class _LayerNormLinearFn(torch.autograd.Function):
             if ctx.need_wgrad:
                 dw = _gemms.wgrad_fp8(ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse)
         else:
-            db = dy.sum(0, dtype=torch.float32).to(db_dtype) if db_dtype is not None else None
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_hp(w_saved, dy)
-            if ctx.need_wgrad:
+            if ctx.need_wgrad and db_dtype is not None:
+                dw, db = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,
+                                               in_features, db_dtype)
+            elif ctx.need_wgrad:
                 dw = _gemms.wgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features, in_features)
+            elif db_dtype is not None:
+                db = _gemms.bias_grad_of(dy, db_dtype)
         if fi.step is not None:
             fi.step.backward_finished()
         dx = dgamma = dbeta = None

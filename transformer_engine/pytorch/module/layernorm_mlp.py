@@ -187,14 +187,17 @@ class _LayerNormMLPFn(torch.autograd.Function):
             if need["w1"]:
                 dw1 = _gemms.wgrad_fp8(ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse)
         else:
-            db2 = dy.sum(0, dtype=torch.float32).to(db2_dtype) if db2_dtype is not None else None
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             dh, db1 = _dact(module.activation, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, dh, False, 1)
-            if need["w2"]:
+            if need["w2"] and db2_dtype is not None:
+                dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
+            elif need["w2"]:
                 dw2 = _gemms.wgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape)
+            elif db2_dtype is not None:
+                db2 = _gemms.bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:

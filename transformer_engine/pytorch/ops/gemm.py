@@ -21,6 +21,8 @@ Epilogues (r = alpha * product [+ out when accumulate], in fp32):
     bias                out = r + bias
     gelu=True           gelu_input = r (+ bias);  out = gelu(gelu_input)     (tanh GELU)
     gelu_input=x        out = r * gelu'(x)        [bias_grad=True: also sum(out, rows)]
+    bias_grad=True      out = r;  bias_grad = sum(op_b(B), k)   (no gelu_input: layout "NT" and
+                        high-precision operands; a Linear's wgrad with its bias gradient, B = dY)
 Returns GemmOutput(out, bias_grad, gelu_input), None for the parts not asked for.
 
 The native path runs on CUDA/ROCm tensors when the native core is built for this torch; the
@@ -42,7 +44,7 @@ OP = "general_gemm"
 
 # NVTEGemmEpilogue values (transformer_engine/gemm.h).
 EPILOGUE_NONE, EPILOGUE_BIAS, EPILOGUE_GELU_AUX, EPILOGUE_BIAS_GELU_AUX = 0, 1, 2, 3
-EPILOGUE_DGELU, EPILOGUE_DGELU_BGRAD = 4, 5
+EPILOGUE_DGELU, EPILOGUE_DGELU_BGRAD, EPILOGUE_BGRADB = 4, 5, 6
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -109,6 +111,8 @@ def gemm_reference(A, B, transa, transb, out, *, A_scale_inv=None, B_scale_inv=N
         r = r * dgelu_tanh(_as_2d(aux).float())
     if epilogue == EPILOGUE_DGELU_BGRAD:
         bias_out.copy_(r.sum(0).reshape(bias_out.shape))
+    if epilogue == EPILOGUE_BGRADB:  # sum over k of op_b(B) [n, k]
+        bias_out.copy_((b.t() if transb else b).sum(1).reshape(bias_out.shape))
     if out.dtype in native.FP8_DTYPES:
         limit = fp8_max_of(out.dtype)
         if out_amax is not None and r.numel():
@@ -228,9 +232,10 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
         raise ValueError(f"{OP}: gelu=True (forward) and gelu_input (backward) are exclusive")
     if gelu_input is not None and bias is not None:
         raise ValueError(f"{OP}: bias is added only by forward epilogues, not with gelu_input")
-    if bias_grad and gelu_input is None:
-        raise ValueError(f"{OP}: bias_grad=True needs gelu_input (the dGELU epilogue); for a plain "
-                         "bias gradient sum the output gradient over rows")
+    if bias_grad and gelu_input is None and (not transb or fp8_in):
+        raise ValueError(f"{OP}: bias_grad=True without gelu_input sums op_b(B) over k (the wgrad "
+                         f"layout 'NT' with high-precision operands); got layout {layout!r} with "
+                         f"{A.dtype} operands")
     bias_out = aux = None
     if bias is not None:
         check_tensor(OP, "bias", bias, native.HP_DTYPES)
@@ -248,6 +253,11 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
         aux = gelu_input.to(aux_dtype)
         if bias_grad:
             bias_out = torch.empty(m, dtype=side_dtype, device=device)
+    elif bias_grad:
+        if bias is not None:
+            raise ValueError(f"{OP}: bias (added) and bias_grad=True (summed) are exclusive")
+        epilogue = EPILOGUE_BGRADB
+        bias_out = torch.empty(n, dtype=side_dtype, device=device)
     else:
         epilogue = EPILOGUE_BIAS if bias is not None else EPILOGUE_NONE
     bias_arg = bias if bias is not None else bias_out

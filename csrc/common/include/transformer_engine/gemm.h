@@ -44,9 +44,15 @@
  *   BiasGeluAux     aux = r + bias;  D = gelu(aux)   (LayerNormMLP fc1 forward)
  *   DGelu           D = r * gelu'(aux)               aux is the saved pre-activation (input)
  *   DGeluBGrad      D = r * gelu'(aux);  bias = sum over the n rows of D   (bias is written)
+ *   BGradB          D = r;  bias[j] = sum over k of op(B)[k, j]            (bias [n] is written)
+ *                   The bias gradient of a Linear layer's wgrad (layout NT, B = dY: bias = the
+ *                   column sums of dY, unscaled by alpha) in the same pass as dW. Needs transb
+ *                   and high-precision operands (an FP8 dY gets its bias gradient from
+ *                   nvte_cast_transpose_dbias); kNVTEUnsupported otherwise.
  * gelu is the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
- * bias has D's dtype (bfloat16 or float16 when D is FP8). aux has D's dtype (float16 or bfloat16
- * when D is FP8), same row-major shape as D. Unused bias/aux pointers may be NULL.
+ * bias has D's dtype (bfloat16 or float16 when D is FP8) and m elements (n for BGradB). aux has
+ * D's dtype (float16 or bfloat16 when D is FP8), same row-major shape as D. Unused bias/aux
+ * pointers may be NULL.
  *
  * ---- Accumulation ----------------------------------------------------------------------------
  *   beta != 0 reads D (beta = 1: accumulate into an existing buffer, e.g. fp32 main_grad). D must
@@ -57,7 +63,7 @@
  *   caller and reusable by every GEMM on the stream. A smaller one still works but lets the
  *   library choose only algorithms that fit (and at least 256 bytes are needed for an FP8 D).
  *   No host synchronisation; safe under stream capture. Empty problems (m or n = 0) launch nothing
- *   except zeroing a DGeluBGrad bias; k = 0 gives D = epilogue(beta * D).
+ *   except zeroing a bias gradient; k = 0 gives D = epilogue(beta * D).
  */
 #ifndef TRANSFORMER_ENGINE_GEMM_H_
 #define TRANSFORMER_ENGINE_GEMM_H_
@@ -77,11 +83,13 @@ typedef enum {
   kNVTEGemmEpilogueBiasGeluAux = 3,
   kNVTEGemmEpilogueDGelu = 4,
   kNVTEGemmEpilogueDGeluBGrad = 5,
-  kNVTENumGemmEpilogues = 6
+  kNVTEGemmEpilogueBGradB = 6,
+  kNVTENumGemmEpilogues = 7
 } NVTEGemmEpilogue;
 
 /* See the top of this file. bias and aux may be NULL when the epilogue does not use them;
- * bias is an output for DGeluBGrad, aux an output for the Gelu epilogues and an input for DGelu. */
+ * bias is an output for DGeluBGrad and BGradB, aux an output for the Gelu epilogues and an input
+ * for DGelu. */
 NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETensor* B, bool transb,
                      NVTETensor* D, NVTETensor* bias, NVTETensor* aux, NVTEGemmEpilogue epilogue,
                      float alpha, float beta, bool use_fast_accum, void* workspace,
