@@ -164,6 +164,11 @@ bool forward_mma(const AttnArgs& a);
 bool backward_mma(const AttnArgs& a, const KernelArgs& k);
 // Whether the matrix-unit kernels may run (nvte_attention_set_portable_variant).
 bool matrix_units_allowed();
+// The register-level tensor-core kernels (portable_fwd_tc.cu, portable_bwd_tc.cu: NVIDIA sm_80+,
+// util/arch.h's te::mma_sync); false where they cannot run, and the caller falls back.
+bool tensor_cores_usable();
+bool forward_tc(const AttnArgs& a);
+bool backward_tc(const AttnArgs& a, const KernelArgs& k);
 
 }  // namespace portable
 }  // namespace attention

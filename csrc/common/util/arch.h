@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #if defined(__HIP_PLATFORM_AMD__)
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
@@ -212,5 +214,141 @@ __device__ __forceinline__ void mma(FragC& c, const A& a, const B& b) {
 __device__ __forceinline__ void sync_lanes() { __syncwarp(); }
 
 }  // namespace warp_mma
+}  // namespace te
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Register-level matrix multiply on NVIDIA tensor cores (sm_80 and newer): mma.sync m16n8k16,
+// ldmatrix and cp.async, with the fragment layouts the PTX ISA documents, so that a kernel can
+// keep accumulators in registers and reuse them as the next product's operand. With
+// lane = 4 * g + q (g = lane / 4, q = lane % 4), one warp holds
+//   A [16 x 16], 4 words of two 16-bit elements: a0 = A(g, 2q..2q+1), a1 = A(g+8, 2q..2q+1),
+//                a2 = A(g, 2q+8..2q+9), a3 = A(g+8, 2q+8..2q+9)
+//   B [16 x 8],  2 words: b0 = B(2q..2q+1, g), b1 = B(2q+8..2q+9, g)
+//   C [16 x 8],  4 floats: c0, c1 = C(g, 2q..2q+1), c2, c3 = C(g+8, 2q..2q+1)
+// (the lower column / row index in the lower half of a word). The accumulator of two adjacent
+// 8-column tiles, packed to 16 bits, is therefore the A operand of a product over those 16
+// columns. HIP has none of it: TE_HAS_MMA_SYNC is 0 there and users are compiled out.
+// ---------------------------------------------------------------------------------------------
+#if defined(__HIP_PLATFORM_AMD__)
+#define TE_HAS_MMA_SYNC 0
+#else
+#define TE_HAS_MMA_SYNC 1
+
+namespace te {
+namespace mma_sync {
+
+// Device code compiled for an arch below sm_80 (fat binaries) traps; the host side refuses to
+// launch there (device_supported).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define TE_MMA_SYNC_UNAVAILABLE 1
+#endif
+
+// Two floats into one word of two 16-bit elements of T (lo in the lower half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t w);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&w));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
+  return __half22float2(*reinterpret_cast<__half2*>(&w));
+}
+
+// c += a . b on one 16x8x16 tile, fp32 accumulation; T is __half or __nv_bfloat16.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#ifdef TE_MMA_SYNC_UNAVAILABLE
+  __trap();
+#else
+  if constexpr (sizeof(T) == 2 && std::is_same<T, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory; lanes 8m .. 8m+7 give the addresses
+// of matrix m's rows (16 bytes each, 16-byte aligned). Word m of lane l holds row l / 4,
+// elements 2 (l % 4) .. +1 of matrix m; with _trans, matrix m is transposed first (column l / 4,
+// rows 2 (l % 4) .. +1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
+#ifdef TE_MMA_SYNC_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr)));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+#ifdef TE_MMA_SYNC_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr)));
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; bytes past src_bytes (0 or 16)
+// are zero-filled. Completes at cp_async_wait.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes) {
+#ifdef TE_MMA_SYNC_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifndef TE_MMA_SYNC_UNAVAILABLE
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most `Pending` of this thread's committed groups are still in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+#ifndef TE_MMA_SYNC_UNAVAILABLE
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+// Whether `device` runs these instructions (compute capability 8.0 or newer).
+inline bool device_supported(int device) {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         major >= 8;
+}
+
+}  // namespace mma_sync
 }  // namespace te
 #endif
