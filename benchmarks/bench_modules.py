@@ -24,7 +24,9 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
 3. Memory: parameter bytes and peak allocated memory of a LayerNormMLP forward + backward step
    (FP8 current scaling) with high-precision BF16 weights and with fp8_model_init (FP8-only weights).
 
-Prints one line per measurement, then a short table last. --json writes every number.
+Prints one line per measurement, then a short table last. --json writes every number. --filter
+runs the sections whose label matches: "steps:Linear", "steps:LayerNormLinear", "steps:LayerNormMLP",
+"host", "memory" (e.g. --filter host: the host-time section alone).
 """
 import copy
 import gc
@@ -267,13 +269,17 @@ def bench_memory():
 def main():
     args = common.parse_args(__doc__)
     reps = 10 if args.quick else 25
-    step_rows = [bench_steps(name, reps, with_compile=True) for name in ("Linear", "LayerNormLinear", "LayerNormMLP")]
-    host_rows = bench_host(100 if args.quick else 300)
-    mem_rows = bench_memory()
+    # --filter selects sections by label: "steps:<Module>", "host", "memory"
+    step_rows = [bench_steps(name, reps, with_compile=True) for name in ("Linear", "LayerNormLinear", "LayerNormMLP")
+                 if common.selected(f"steps:{name}", args.filter)]
+    host_rows = bench_host(100 if args.quick else 300) if common.selected("host", args.filter) else []
+    mem_rows = bench_memory() if common.selected("memory", args.filter) else []
 
     checks = []
     by_name = {r["module"]: r for r in step_rows}
     for module, bar in (("LayerNormMLP", BARS["LayerNormMLP_fp8"]), ("Linear", BARS["Linear_fp8"])):
+        if module not in by_name:
+            continue
         for scaling in ("current", "delayed"):
             checks.append((f"{module} fp8 ({scaling}) vs torch eager",
                            by_name[module][f"te_fp8_{scaling}_speedup_vs_eager"], bar))
@@ -284,15 +290,15 @@ def main():
     for r in host_rows:
         checks.append((f"host te.Linear {r['mode']} / torch.nn.Linear (<=)", r["te_over_torch"], BARS["host"]))
 
-    print()
-    common.print_table(step_rows, ["module", "te_bf16_ms", "te_fp8_delayed_ms", "te_fp8_current_ms",
-                                   "torch_eager_ms", "torch_compile_ms", "te_fp8_current_speedup_vs_eager",
-                                   "te_bf16_speedup_vs_compile"])
-    print()
-    common.print_table(host_rows, ["mode", "te_host_us", "torch_host_us", "te_over_torch", "te_gpu_us",
-                                   "torch_gpu_us", "meets_bar"])
-    print()
-    common.print_table(mem_rows, ["weights", "param_mib", "step_peak_mib"])
+    tables = ((step_rows, ["module", "te_bf16_ms", "te_fp8_delayed_ms", "te_fp8_current_ms", "torch_eager_ms",
+                           "torch_compile_ms", "te_fp8_current_speedup_vs_eager", "te_bf16_speedup_vs_compile"]),
+              (host_rows, ["mode", "te_host_us", "torch_host_us", "te_over_torch", "te_gpu_us", "torch_gpu_us",
+                           "meets_bar"]),
+              (mem_rows, ["weights", "param_mib", "step_peak_mib"]))
+    for rows, columns in tables:
+        if rows:  # a section left out by --filter has none
+            print()
+            common.print_table(rows, columns)
     print()
     for what, value, bar in checks:
         ok = value <= bar if "(<=)" in what else value >= bar

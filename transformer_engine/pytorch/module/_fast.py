@@ -106,11 +106,10 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
 # torch.empty costs several microseconds of host time on a slow host, more than a launch; the
 # Linear step makes its FP8 operands (data, transpose, scale_inv, workspaces) as regions of a
 # few uint8 buffers, grouped by lifetime (forward-only scratch, kept for backward), and passes
-# the regions to the kernels as raw descriptors. Every region, a 4-byte scale_inv too, starts
-# on a 256-byte boundary (the vectorised kernels want 16 bytes, cuBLASLt more for FP8 scale
+# the regions' addresses to the kernels (one native call per direction). Every region, a 4-byte
+# scale_inv too, starts on a 256-byte boundary (the vectorised kernels want 16 bytes, cuBLASLt more for FP8 scale
 # pointers; the caching allocator's blocks are 512-aligned).
 _ALIGN = 256
-_F32 = _CODE[torch.float32]
 
 
 def aligned(nbytes: int) -> int:
@@ -129,68 +128,21 @@ def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     return buf[offset:offset + n * dtype.itemsize].view(dtype).view(shape)
 
 
-def current_scales(nc, rs, x_descs, forward: bool) -> None:
-    """Float8CurrentScaling: the amax of each x_descs[i] into history column i, then one update
-    launch turns columns 0..n-1 into their scales (the same kernel, per column, as _scaling's
-    one-column update: the same bits, one launch less per extra tensor)."""
-    hist, scale, sinv_state, fp8_max = (rs._ptrs or rs._pointers())[0 if forward else 1]
-    for i, d in enumerate(x_descs):
-        nc.mod.compute_amax(d, hist + 4 * i, nc.stream)
-    nc.mod.delayed_scaling_update([(hist, scale, sinv_state, 1, len(x_descs), fp8_max)],
-                                  _AMAX_MOST_RECENT, 0.0, nc.stream)
-
-
-def cast_raw(nc, rs, x_desc, forward: bool, slot: int, data_ptr: int, t_ptr: int, sinv_ptr: int,
-             scaled: bool = False):
-    """Casts the 2-D x (descriptor) to the recipe's FP8 format into raw regions (its transpose
-    too when t_ptr); returns the FP8 dtype code. The same kernels and bits as cast(). scaled:
-    current scaling whose scale current_scales() already made."""
-    hist, scale, sinv_state, fp8_max = (rs._ptrs or rs._pointers())[0 if forward else 1]
-    off = 4 * slot
-    if rs.delayed:  # the module's scale; the amax recorded into the history row
-        amax_ptr = hist + off
-    else:
-        amax_ptr = 0
-        if not scaled:
-            nc.mod.compute_amax(x_desc, hist + off, nc.stream)
-            nc.mod.delayed_scaling_update([(hist + off, scale + off, sinv_state + off, 1, 1, fp8_max)],
-                                          _AMAX_MOST_RECENT, 0.0, nc.stream)
-    rows, cols = x_desc[1]
-    code = _CODE[rs.fwd_dtype if forward else rs.bwd_dtype]
-    out = (data_ptr, (rows, cols), code, amax_ptr, scale + off, sinv_ptr)
-    if t_ptr:
-        nc.mod.cast_transpose(x_desc, out, (t_ptr, (cols, rows), code, 0, 0, 0), nc.stream)
-    else:
-        nc.mod.quantize(x_desc, out, nc.stream)
-    return code
-
-
-def cast_dbias_raw(nc, rs, dy_desc, slot: int, dbias, dbias_dtype):
-    """dy's FP8 cast, transpose and bias gradient (backward slot) into one arena: returns
-    (arena, dyq descriptor, dyq_t descriptor, scale_inv pointer); dbias is filled."""
-    dtype, amax_ptr, scale_ptr = _scaling(nc, rs, dy_desc, False, slot)
-    rows, cols = dy_desc[1]
-    code = _CODE[dtype]
-    n = aligned(rows * cols)
-    key = ("ctdb", rows, cols, dy_desc[2], code, dbias_dtype)
-    ws_shape = _WS_SHAPES.get(key)
-    if ws_shape is None:
-        # the size query checks descriptors but reads no memory: dy's address stands in for the
-        # outputs' (not allocated yet, their size depends on the answer)
-        p = dy_desc[0]
-        ws_shape = _WS_SHAPES[key] = tuple(nc.mod.cast_transpose_dbias_workspace(
-            dy_desc, (p, (rows, cols), code, amax_ptr, scale_ptr, p), (p, (cols, rows), code, 0, 0, 0),
-            _desc(dbias)))
-    ws_elems = 1
-    for d in ws_shape:
-        ws_elems *= d
-    buf = arena(2 * n + _ALIGN + 4 * ws_elems, dbias.device)
-    base = buf.data_ptr()
-    q = (base, (rows, cols), code, amax_ptr, scale_ptr, base + 2 * n)
-    q_t = (base + n, (cols, rows), code, 0, 0, 0)
-    ws = (base + 2 * n + _ALIGN, ws_shape, _F32, 0, 0, 0)
-    nc.mod.cast_transpose_dbias(dy_desc, q, q_t, _desc(dbias), ws, nc.stream)
-    return buf, q, q_t, base + 2 * n
+def dbias_workspace_elems(nc, rows: int, cols: int, in_code: int, fp8_code: int, dbias_dtype) -> int:
+    """fp32 elements of the workspace of cast_transpose_dbias on a [rows, cols] input, asked
+    once per problem and kept. The size query checks descriptors but reads no memory: a dummy
+    aligned address stands in for the buffers (not allocated yet: their size is the answer)."""
+    key = ("ctdb", rows, cols, in_code, fp8_code, dbias_dtype)
+    shape = _WS_SHAPES.get(key)
+    if shape is None:
+        p = _ALIGN
+        shape = _WS_SHAPES[key] = tuple(nc.mod.cast_transpose_dbias_workspace(
+            (p, (rows, cols), in_code, 0, 0, 0), (p, (rows, cols), fp8_code, 0, p, p),
+            (p, (cols, rows), fp8_code, 0, 0, 0), (p, (cols,), _CODE[dbias_dtype], 0, 0, 0)))
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def gemm_raw(nc, a, transa, b, transb, out, a_sinv=0, b_sinv=0, bias=None, beta=0.0,

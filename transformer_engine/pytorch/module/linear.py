@@ -129,45 +129,47 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
 # region, scale_invs included, starts on its own 256-byte boundary (cuBLASLt refuses FP8 GEMMs
 # whose scale pointers are only 4-byte aligned: CUBLAS_STATUS_NOT_SUPPORTED).
 _W_SINV = _fast._ALIGN
+_OFF_XT = 2 * _fast._ALIGN
+_CODE = _fast._CODE
 
 
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
                       is_first_microbatch):
-    """y = x @ W.T (+ bias) in FP8 through the direct native calls (the same kernels and bits as
-    the checked path); the FP8 operands live in two allocations instead of six."""
+    """y = x @ W.T (+ bias) in FP8 through one native call (linear_fp8_forward: the same C API
+    calls, kernels and bits as the checked path's casts and GEMM); the FP8 operands live in two
+    allocations."""
     rs, device = fi.rs, x2d.device
     tokens, in_features = x2d.shape
     out_features = weight.shape[0]
     # a weight cast of this step (not a Float8Tensor, no microbatch cache) joins the arenas
     fresh_w = is_first_microbatch is None and not isinstance(weight, Float8Tensor)
-    nx, nw = _fast.aligned(tokens * in_features), _fast.aligned(out_features * in_features)
-    off_xt = 2 * _fast._ALIGN
-    off_wt = off_xt + (nx if need_wgrad else 0)
-    kept = _fast.arena(off_wt + (nw if fresh_w and need_dgrad else 0), device)
-    scratch = _fast.arena(nx + (nw if fresh_w else 0), device)
+    nx = _fast.aligned(tokens * in_features)
+    nw = _fast.aligned(out_features * in_features) if fresh_w else 0
+    off_wt = _OFF_XT + (nx if need_wgrad else 0)
+    kept = _fast.arena(off_wt + (nw if need_dgrad else 0), device)
+    scratch = _fast.arena(nx + nw, device)
     kp, sp = kept.data_ptr(), scratch.data_ptr()
-    x_desc = (x2d.data_ptr(), x2d.shape, _fast._CODE[x2d.dtype], 0, 0, 0)
+    code = _CODE[rs.fwd_dtype]
     if fresh_w:
-        w = weight.contiguous()
-        w_desc = (w.data_ptr(), w.shape, _fast._CODE[w.dtype], 0, 0, 0)
-    # current scaling: both scales from one update launch (input slot 0, weight slot 1)
-    scaled = fresh_w and not rs.delayed
-    if scaled:
-        _fast.current_scales(nc, rs, (x_desc, w_desc), True)
-    code = _fast.cast_raw(nc, rs, x_desc, True, 0, sp, kp + off_xt if need_wgrad else 0, kp, scaled)
-    xq = (sp, (tokens, in_features), code)
-    if fresh_w:
-        _fast.cast_raw(nc, rs, w_desc, True, 1, sp + nx, kp + off_wt if need_dgrad else 0,
-                       kp + _W_SINV, scaled)
-        wq, w_sinv_ptr = (sp + nx, (out_features, in_features), code), kp + _W_SINV
-        wq_t = w_sinv = None
+        w = weight if weight.is_contiguous() else weight.contiguous()
+        w_ptr, w_code = w.data_ptr(), _CODE[w.dtype]
+        wq, wq_code, wq_t, w_sinv_ptr = sp + nx, code, (kp + off_wt if need_dgrad else 0), kp + _W_SINV
+        wq_t_saved = w_sinv = None
     else:
-        data, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
-        wq, w_sinv_ptr = (data.data_ptr(), data.shape, _fast._CODE[data.dtype]), w_sinv.data_ptr()
-    y = _fast.gemm_raw(nc, wq, True, xq, False, torch.empty(tokens, out_features, dtype=dtype,
-                       device=device), w_sinv_ptr, kp, bias)
-    ctx.save_for_backward(kept, None, wq_t, w_sinv)
-    ctx.layout = (off_xt, off_wt if fresh_w else None)
+        data, wq_t_saved, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
+                                                     is_first_microbatch, nc)
+        w_ptr = w_code = wq_t = 0
+        wq, wq_code, w_sinv_ptr = data.data_ptr(), _CODE[data.dtype], w_sinv.data_ptr()
+    hist, scale, scale_inv, fp8_max = (rs._ptrs or rs._pointers())[0]
+    y = torch.empty(tokens, out_features, dtype=dtype, device=device)
+    nc.mod.linear_fp8_forward(
+        x2d.data_ptr(), _CODE[x2d.dtype], tokens, in_features, w_ptr, w_code, out_features, fresh_w,
+        hist, scale, scale_inv, fp8_max, rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
+        wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
+        bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
+        nc.ws_ptr, nc.ws_size, nc.stream)
+    ctx.save_for_backward(kept, None, wq_t_saved, w_sinv)
+    ctx.layout = (_OFF_XT, off_wt if fresh_w else None)
     return y
 
 
@@ -190,51 +192,57 @@ def _saved_fp8_tensors(ctx, saved):
 
 
 def _fp8_backward_fast(ctx, nc, dy, saved):
-    """dgrad and wgrad through the direct native calls on the saved operands (arena regions or
-    tensors); with a weight gradient to make, dy's cast+transpose also yields the bias gradient
-    (returned third, else None). dy's FP8 data, transpose and scale_inv share one allocation."""
+    """dgrad and wgrad in FP8 through one native call (linear_fp8_backward) on the saved operands
+    (arena regions or tensors); with a weight gradient to make, dy's cast+transpose also yields
+    the bias gradient (returned third, else None). dy's FP8 data, transpose, scale_inv and the
+    bias-gradient workspace share one allocation."""
     _, out_features, in_features = ctx.shapes
-    rs, tokens = ctx.fi.rs, dy.shape[0]
-    if ctx.layout is None:  # a checked forward (checkpoint recompute) saved tensors
+    rs, tokens, device = ctx.fi.rs, dy.shape[0], dy.device
+    need_dgrad, need_wgrad = ctx.need_dgrad, ctx.need_wgrad
+    layout = ctx.layout
+    if layout is None:  # a checked forward (checkpoint recompute) saved tensors
         xq_t, x_sinv, wq_t, w_sinv = saved
-        x_t = (xq_t.data_ptr(), xq_t.shape, _fast._CODE[xq_t.dtype]) if xq_t is not None else None
-        x_sinv_ptr = x_sinv.data_ptr()
+        x_t, x_code = (xq_t.data_ptr(), _CODE[xq_t.dtype]) if xq_t is not None else (0, 0)
+        x_sinv_ptr, off_wt = x_sinv.data_ptr(), None
     else:
         kept, _, wq_t, w_sinv = saved
         kp = kept.data_ptr()
-        off_xt, off_wt = ctx.layout
-        code = _fast._CODE[rs.fwd_dtype]
-        x_t, x_sinv_ptr = (kp + off_xt, (in_features, tokens), code), kp
-        if off_wt is not None:
-            w_t, w_sinv_ptr = (kp + off_wt, (in_features, out_features), code), kp + _W_SINV
-    if ctx.layout is None or off_wt is None:
-        w_t = (wq_t.data_ptr(), wq_t.shape, _fast._CODE[wq_t.dtype]) if wq_t is not None else None
-        w_sinv_ptr = w_sinv.data_ptr()
-    dx = dw = db = None
-    dy_desc = (dy.data_ptr(), dy.shape, _fast._CODE[dy.dtype], 0, 0, 0)
-    if ctx.need_wgrad and ctx.has_bias_grad:
-        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=dy.device)
-        buf, dyq, dyq_t, dy_sinv = _fast.cast_dbias_raw(nc, rs, dy_desc, 0, db, ctx.bias_dtype)
+        off_xt, off_wt = layout
+        x_t, x_code, x_sinv_ptr = kp + off_xt, _CODE[rs.fwd_dtype], kp
+    if off_wt is not None:
+        w_t, w_code, w_sinv_ptr = kp + off_wt, _CODE[rs.fwd_dtype], kp + _W_SINV
     else:
-        n = _fast.aligned(tokens * out_features)
-        n_t = n if ctx.need_wgrad else 0
-        buf = _fast.arena(n + n_t + 4, dy.device)
-        bp = buf.data_ptr()
-        dy_sinv = bp + n + n_t
-        code = _fast.cast_raw(nc, rs, dy_desc, False, 0, bp, bp + n if ctx.need_wgrad else 0, dy_sinv)
-        dyq, dyq_t = (bp, (tokens, out_features), code), (bp + n, (out_features, tokens), code)
-    if ctx.need_dgrad:
-        dx = _fast.gemm_raw(nc, w_t, True, dyq, False, torch.empty(tokens, in_features,
-                            dtype=ctx.dtype, device=dy.device), w_sinv_ptr, dy_sinv)
-    if ctx.need_wgrad:
-        if ctx.fuse:
-            out, _ = _gemms.wgrad_out(ctx.weight, True)
-            _fast.gemm_raw(nc, x_t, True, dyq_t, False, out, x_sinv_ptr, dy_sinv, beta=1.0,
-                           fast_accum=False)
+        w_t, w_code = (wq_t.data_ptr(), _CODE[wq_t.dtype]) if wq_t is not None else (0, 0)
+        w_sinv_ptr = w_sinv.data_ptr()
+    code = _CODE[rs.bwd_dtype]
+    n = _fast.aligned(tokens * out_features)
+    n_t = n if need_wgrad else 0
+    db = None
+    if need_wgrad and ctx.has_bias_grad:  # [dyq | dyq.T | scale_inv | dbias workspace]
+        ws_elems = _fast.dbias_workspace_elems(nc, tokens, out_features, _CODE[dy.dtype], code,
+                                               ctx.bias_dtype)
+        buf = _fast.arena(n + n_t + _fast._ALIGN + 4 * ws_elems, device)
+        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device)
+        db_ptr, db_code = db.data_ptr(), _CODE[db.dtype]
+    else:  # [dyq | dyq.T | scale_inv]
+        buf = _fast.arena(n + n_t + 4, device)
+        db_ptr = db_code = ws_elems = 0
+    bp = buf.data_ptr()
+    dx = torch.empty(tokens, in_features, dtype=ctx.dtype, device=device) if need_dgrad else None
+    dw, dw_ptr, dw_code, beta = None, 0, 0, 0.0
+    if need_wgrad:
+        if ctx.fuse:  # accumulate into the fp32 main_grad
+            out, beta = _gemms.wgrad_out(ctx.weight, True)[0], 1.0
         else:
-            dw = _fast.gemm_raw(nc, x_t, True, dyq_t, False, torch.empty(out_features, in_features,
-                                dtype=ctx.dtype, device=dy.device), x_sinv_ptr, dy_sinv,
-                                fast_accum=False)
+            out = dw = torch.empty(out_features, in_features, dtype=ctx.dtype, device=device)
+        dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
+    hist, scale, scale_inv, fp8_max = (rs._ptrs or rs._pointers())[1]
+    nc.mod.linear_fp8_backward(
+        dy.data_ptr(), _CODE[dy.dtype], tokens, out_features, in_features,
+        hist, scale, scale_inv, fp8_max, rs.delayed, code,
+        bp, bp + n if need_wgrad else 0, bp + n + n_t, db_ptr, db_code, bp + n + n_t + _fast._ALIGN,
+        ws_elems, w_t, w_code, w_sinv_ptr, dx.data_ptr() if need_dgrad else 0, _CODE[ctx.dtype],
+        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.ws_ptr, nc.ws_size, nc.stream)
     return dx, dw, db
 
 

@@ -1,0 +1,165 @@
+// One binding call per direction of an FP8 Linear step on the modules' direct path
+// (transformer_engine/pytorch/module/linear.py): the same C API calls, in the same order and with
+// the same descriptors, as the separate bindings (compute_amax, delayed_scaling_update,
+// cast_transpose / quantize, cast_transpose_dbias, gemm) make, so the kernels and their bits are
+// the same. Why one call: on a slow host the Python side of a small step costs more than its
+// kernels, and each separate call builds nested descriptor tuples in Python and parses them here;
+// flat integers cost a fraction of that.
+//
+// Pointers are device addresses as Python ints (0: absent); dtypes are NVTEDType codes. The caller
+// (the module) has checked shapes and dtypes; the C API still validates every call and a failure
+// raises the usual exception (kernels already queued by earlier calls of the step stay queued).
+#include "bindings.h"
+#include "transformer_engine/cast.h"
+#include "transformer_engine/gemm.h"
+#include "transformer_engine/recipe.h"
+#include "transformer_engine/transpose.h"
+
+namespace te_py {
+namespace {
+
+NVTETensor matrix(uintptr_t data, int64_t rows, int64_t cols, int dtype, uintptr_t amax = 0,
+                  uintptr_t scale = 0, uintptr_t scale_inv = 0) {
+  NVTETensor t{};
+  t.data = reinterpret_cast<void*>(data);
+  t.dtype = static_cast<NVTEDType>(dtype);
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.amax = reinterpret_cast<float*>(amax);
+  t.scale = reinterpret_cast<float*>(scale);
+  t.scale_inv = reinterpret_cast<float*>(scale_inv);
+  return t;
+}
+
+NVTETensor vector(uintptr_t data, int64_t n, int dtype) {
+  NVTETensor t{};
+  t.data = reinterpret_cast<void*>(data);
+  t.dtype = static_cast<NVTEDType>(dtype);
+  t.ndim = 1;
+  t.shape[0] = n;
+  return t;
+}
+
+// The FP8 scaling of one direction of a module: its amax history [history_len, slots] (row 0 is
+// where the casts record), scale and scale_inv [slots] (fp32 device pointers), the format's max.
+struct Scaling {
+  uintptr_t history, scale, scale_inv;
+  float fp8_max;
+  bool delayed;
+  float* amax_of(int slot) const {  // delayed scaling records the amax; current scaling does not
+    return delayed ? reinterpret_cast<float*>(history) + slot : nullptr;
+  }
+  uintptr_t scale_of(int slot) const { return scale + 4 * static_cast<uintptr_t>(slot); }
+};
+
+// Current scaling: the amax of each input into history columns 0..n-1 (one row), then one update
+// launch turns them into the scales (and clears the row). Delayed scaling: nothing here.
+void current_scales(const Scaling& s, const NVTETensor* const* inputs, int n, NVTEStream stream) {
+  if (s.delayed) return;
+  float* hist = reinterpret_cast<float*>(s.history);
+  for (int i = 0; i < n; ++i) check_status(nvte_compute_amax(inputs[i], hist + i, stream));
+  NVTEScalingGroup g{};
+  g.amax_history = hist;
+  g.scale = reinterpret_cast<float*>(s.scale);
+  g.scale_inv = reinterpret_cast<float*>(s.scale_inv);
+  g.history_len = 1;
+  g.num_tensors = n;
+  g.fp8_max = s.fp8_max;
+  check_status(nvte_delayed_scaling_update(&g, 1, kNVTEAmaxMostRecent, 0.0f, stream));
+}
+
+// x [rows, cols] -> FP8 data (and its transpose [cols, rows] when t != 0) with slot's scale.
+void cast(const NVTETensor& x, const Scaling& s, int slot, int fp8_dtype, uintptr_t data,
+          uintptr_t t, uintptr_t scale_inv, NVTEStream stream) {
+  const int64_t rows = x.shape[0], cols = x.shape[1];
+  NVTETensor out = matrix(data, rows, cols, fp8_dtype, 0, s.scale_of(slot), scale_inv);
+  out.amax = s.amax_of(slot);
+  if (t) {
+    NVTETensor out_t = matrix(t, cols, rows, fp8_dtype);
+    check_status(nvte_cast_transpose(&x, &out, &out_t, stream));
+  } else {
+    check_status(nvte_quantize(&x, &out, stream));
+  }
+}
+
+}  // namespace
+
+void register_linear_fast(py::module_& m) {
+  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias) in FP8 (forward slots: x 0, W 1).
+  // cast_w: W is high precision and is cast here into wq (its transpose into wq_t when != 0);
+  // otherwise wq (dtype wq_dtype) already holds W's FP8 data and w / w_dtype are ignored.
+  // x's FP8 data goes to xq, its transpose to xq_t when != 0, its scale_inv to x_sinv.
+  m.def("linear_fp8_forward",
+        [](uintptr_t x, int x_dtype, int64_t tokens, int64_t in_features, uintptr_t w, int w_dtype,
+           int64_t out_features, bool cast_w, uintptr_t history, uintptr_t scale,
+           uintptr_t scale_inv, float fp8_max, bool delayed, int fp8_dtype, uintptr_t xq,
+           uintptr_t xq_t, uintptr_t x_sinv, uintptr_t wq, int wq_dtype, uintptr_t wq_t,
+           uintptr_t w_sinv, uintptr_t y, int y_dtype, uintptr_t bias, int bias_dtype,
+           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
+          const NVTEStream stream = stream_from_int(stream_ptr);
+          const Scaling s{history, scale, scale_inv, fp8_max, delayed};
+          const NVTETensor xd = matrix(x, tokens, in_features, x_dtype);
+          const NVTETensor wd = matrix(w, out_features, in_features, w_dtype);
+          const NVTETensor* inputs[2] = {&xd, &wd};
+          current_scales(s, inputs, cast_w ? 2 : 1, stream);
+          cast(xd, s, 0, fp8_dtype, xq, xq_t, x_sinv, stream);
+          if (cast_w) cast(wd, s, 1, fp8_dtype, wq, wq_t, w_sinv, stream);
+          NVTETensor a = matrix(wq, out_features, in_features, wq_dtype, 0, 0, w_sinv);
+          NVTETensor b = matrix(xq, tokens, in_features, fp8_dtype, 0, 0, x_sinv);
+          NVTETensor d = matrix(y, tokens, out_features, y_dtype);
+          NVTETensor bd = vector(bias, out_features, bias_dtype);
+          check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
+                                 bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
+                                 true, reinterpret_cast<void*>(workspace), workspace_size, stream));
+        });
+
+  // dx [tokens, in] = dy @ W and dW [out, in] (+)= dy^T @ x in FP8 (backward slot 0: dy).
+  // dy is cast into dyq (scale_inv dy_sinv), with its transpose into dyq_t when dW is made; with
+  // dbias != 0 (and dyq_t) the same pass writes the bias gradient, through dbias_ws (fp32,
+  // dbias_ws_elems elements: see cast_transpose_dbias_workspace). dx == 0: no dgrad (w_t unused);
+  // dw == 0: no wgrad (x_t unused). dw_beta 1 accumulates into dw (an fp32 main_grad).
+  m.def("linear_fp8_backward",
+        [](uintptr_t dy, int dy_dtype, int64_t tokens, int64_t out_features, int64_t in_features,
+           uintptr_t history, uintptr_t scale, uintptr_t scale_inv, float fp8_max, bool delayed,
+           int fp8_dtype, uintptr_t dyq, uintptr_t dyq_t, uintptr_t dy_sinv, uintptr_t dbias,
+           int dbias_dtype, uintptr_t dbias_ws, int64_t dbias_ws_elems, uintptr_t w_t,
+           int w_t_dtype, uintptr_t w_sinv, uintptr_t dx, int dx_dtype, uintptr_t x_t,
+           int x_t_dtype, uintptr_t x_sinv, uintptr_t dw, int dw_dtype, float dw_beta,
+           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
+          const NVTEStream stream = stream_from_int(stream_ptr);
+          const Scaling s{history, scale, scale_inv, fp8_max, delayed};
+          const NVTETensor dyd = matrix(dy, tokens, out_features, dy_dtype);
+          const NVTETensor* inputs[1] = {&dyd};
+          current_scales(s, inputs, 1, stream);
+          if (dbias) {
+            NVTETensor q = matrix(dyq, tokens, out_features, fp8_dtype, 0, s.scale_of(0), dy_sinv);
+            q.amax = s.amax_of(0);
+            NVTETensor q_t = matrix(dyq_t, out_features, tokens, fp8_dtype);
+            NVTETensor db = vector(dbias, out_features, dbias_dtype);
+            NVTETensor ws = vector(dbias_ws, dbias_ws_elems, kNVTEFloat32);
+            check_status(nvte_cast_transpose_dbias(&dyd, &q, &q_t, &db, &ws, stream));
+          } else {
+            cast(dyd, s, 0, fp8_dtype, dyq, dyq_t, dy_sinv, stream);
+          }
+          void* ws = reinterpret_cast<void*>(workspace);
+          if (dx) {
+            NVTETensor a = matrix(w_t, in_features, out_features, w_t_dtype, 0, 0, w_sinv);
+            NVTETensor b = matrix(dyq, tokens, out_features, fp8_dtype, 0, 0, dy_sinv);
+            NVTETensor d = matrix(dx, tokens, in_features, dx_dtype);
+            check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr,
+                                   kNVTEGemmEpilogueNone, 1.0f, 0.0f, true, ws, workspace_size,
+                                   stream));
+          }
+          if (dw) {
+            NVTETensor a = matrix(x_t, in_features, tokens, x_t_dtype, 0, 0, x_sinv);
+            NVTETensor b = matrix(dyq_t, out_features, tokens, fp8_dtype, 0, 0, dy_sinv);
+            NVTETensor d = matrix(dw, out_features, in_features, dw_dtype);
+            check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr,
+                                   kNVTEGemmEpilogueNone, 1.0f, dw_beta, false, ws, workspace_size,
+                                   stream));
+          }
+        });
+}
+
+}  // namespace te_py
