@@ -36,6 +36,10 @@ CASES = [
     ("bshd_decode_br", "bshd", "causal_bottom_right", 4, 2, [1, 1], [300, 300], 128, (-1, -1), True),
     ("bshd_causal_long", "bshd", "causal", 2, 2, [515, 515], [515, 515], 128, (-1, -1), True),
     ("thd_causal_window", "thd", "padding_causal", 4, 4, [100, 33], [100, 33], 64, (20, 0), True),
+    # several query and key tiles of the tensor-core kernels (128 x 64 forward, 64 x 64
+    # backward) with ragged ends; queries that see no key inside a tile row (bottom-right, lq > lk)
+    ("bshd_nomask_tiles_gqa_d128", "bshd", "no_mask", 4, 2, [300, 300], [333, 333], 128, (-1, -1), True),
+    ("bshd_causal_br_keyless_rows", "bshd", "causal_bottom_right", 2, 2, [200, 200], [77, 77], 64, (-1, -1), False),
 ]
 CASE_IDS = [c[0] for c in CASES]
 
@@ -105,7 +109,8 @@ def assert_close(got, want, dtype, scale=1.0, what=""):
 
 
 # 'portable_fma' is the portable backend with its FMA kernels: the kernels AMD builds run,
-# checked here on NVIDIA too ('portable' takes the warp matrix units where the build maps them).
+# checked here on NVIDIA too ('portable' takes the tensor cores: register-level mma.sync kernels
+# on sm_80+, where the build maps them).
 BACKENDS = ["cudnn", "portable", "portable_fma"]
 
 
