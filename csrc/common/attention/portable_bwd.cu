@@ -226,8 +226,8 @@ void launch_bwd(const AttnArgs& args) {
     attention_delta_kernel<T, D><<<dim3(row_blocks, hq, batch), 128, 0, stream>>>(k);
     check_launch("attention_delta_kernel");
   }
-  // the same order of choice as portable_forward()
-  if (matrix_units_allowed() && (backward_tc(args, k) || backward_mma(args, k))) return;
+  // the same choice as portable_forward()
+  if (matrix_units_allowed() && backward_tc(args, k)) return;
   attention_dkdv_kernel<T, D><<<dim3(k_tiles, hkv, batch), kBwdThreads, 0, stream>>>(k);
   check_launch("attention_dkdv_kernel");
   if (q_tiles > 0) {

@@ -156,16 +156,11 @@ __device__ __forceinline__ void zero(float (&acc)[RM][CN]) {
 // Host side: strides and pointers of a validated call.
 KernelArgs make_kernel_args(const AttnArgs& a);
 
-// Forward on the warp matrix units (portable_fwd_mma.cu); false where the vendor mapping is
-// absent (TE_HAS_WARP_MMA 0), and the caller runs the FMA kernel.
-bool forward_mma(const AttnArgs& a);
-// dK/dV and dQ on the warp matrix units (portable_bwd_mma.cu), after the delta pass; false where
-// the vendor mapping is absent.
-bool backward_mma(const AttnArgs& a, const KernelArgs& k);
 // Whether the matrix-unit kernels may run (nvte_attention_set_portable_variant).
 bool matrix_units_allowed();
-// The register-level tensor-core kernels (portable_fwd_tc.cu, portable_bwd_tc.cu: NVIDIA sm_80+,
-// util/arch.h's te::mma_sync); false where they cannot run, and the caller falls back.
+// The tensor-core kernels (portable_fwd_tc.cu, portable_bwd_tc.cu: NVIDIA sm_80+, util/arch.h's
+// te::mma_sync); false where they cannot run (AMD: no MFMA path yet; an older NVIDIA device),
+// and the caller runs the FMA kernels. dK/dV and dQ run after the delta pass.
 bool tensor_cores_usable();
 bool forward_tc(const AttnArgs& a);
 bool backward_tc(const AttnArgs& a, const KernelArgs& k);

@@ -167,57 +167,6 @@ __device__ __forceinline__ void forget_value(uint32_t& v) {
 }  // namespace te
 
 // ---------------------------------------------------------------------------------------------
-// Warp matrix multiply-accumulate on 16x16x16 tiles, WMMA style: fragments are opaque and move
-// through memory with a leading dimension, so a kernel written against te::warp_mma never
-// depends on a register layout. NVIDIA maps it to nvcuda::wmma (one 32-lane warp per fragment).
-// HIP has no mapping in this toolchain yet (rocWMMA is not installed): TE_HAS_WARP_MMA is 0
-// there and code using it is compiled out, leaving the FMA kernels.
-// ---------------------------------------------------------------------------------------------
-#if defined(__HIP_PLATFORM_AMD__)
-#define TE_HAS_WARP_MMA 0
-#else
-#define TE_HAS_WARP_MMA 1
-#include <mma.h>
-
-namespace te {
-namespace warp_mma {
-
-constexpr int kLanes = 32;  // threads that hold one fragment together
-template <typename T>
-using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T,
-                                     nvcuda::wmma::row_major>;
-template <typename T>  // B(k, n) at p[k * ld + n]
-using FragBRow = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T,
-                                        nvcuda::wmma::row_major>;
-template <typename T>  // B(k, n) at p[n * ld + k]
-using FragBCol = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T,
-                                        nvcuda::wmma::col_major>;
-using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-
-// p: 32-byte aligned; ld: elements, a multiple of 8 (16-bit types) or 4 (float).
-template <typename Frag, typename T>
-__device__ __forceinline__ void load(Frag& f, const T* p, unsigned ld) {
-  nvcuda::wmma::load_matrix_sync(f, p, ld);
-}
-__device__ __forceinline__ void load_c(FragC& f, const float* p, unsigned ld) {
-  nvcuda::wmma::load_matrix_sync(f, p, ld, nvcuda::wmma::mem_row_major);
-}
-__device__ __forceinline__ void store_c(float* p, const FragC& f, unsigned ld) {
-  nvcuda::wmma::store_matrix_sync(p, f, ld, nvcuda::wmma::mem_row_major);
-}
-__device__ __forceinline__ void zero(FragC& f) { nvcuda::wmma::fill_fragment(f, 0.f); }
-template <typename A, typename B>
-__device__ __forceinline__ void mma(FragC& c, const A& a, const B& b) {
-  nvcuda::wmma::mma_sync(c, a, b, c);
-}
-// Orders the lanes of one fragment group around shared-memory hand-offs.
-__device__ __forceinline__ void sync_lanes() { __syncwarp(); }
-
-}  // namespace warp_mma
-}  // namespace te
-#endif
-
-// ---------------------------------------------------------------------------------------------
 // Register-level matrix multiply on NVIDIA tensor cores (sm_80 and newer): mma.sync m16n8k16,
 // ldmatrix and cp.async, with the fragment layouts the PTX ISA documents, so that a kernel can
 // keep accumulators in registers and reuse them as the next product's operand. With
