@@ -9,6 +9,10 @@
 // Pointers are device addresses as Python ints (0: absent); dtypes are NVTEDType codes. The caller
 // (the module) has checked shapes and dtypes; the C API still validates every call and a failure
 // raises the usual exception (kernels already queued by earlier calls of the step stay queued).
+//
+// Each call keeps the GIL while it launches (pybind11's default): the module's per-stream scratch
+// (module/_fast.py, call_scratch) relies on no other Python thread launching between the
+// kernels of one call.
 #include "bindings.h"
 #include "transformer_engine/cast.h"
 #include "transformer_engine/gemm.h"

@@ -120,6 +120,30 @@ def arena(nbytes: int, device) -> torch.Tensor:
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
 
 
+# Buffers that live only within one fused native call (linear_fast.cpp: the forward's FP8 x and W,
+# read by its GEMM; the backward's FP8 dy, its transpose and the bias-gradient workspace) reuse one
+# buffer per device and stream instead of an allocation per call. Safe because such a call
+# launches all its kernels while holding the GIL (no other Python thread launches in between) and
+# the stream runs the next call's writes after this call's reads. Not while a graph is captured
+# (a replay runs apart from eager calls), and only up to _SCRATCH_MAX bytes: past that the kernels
+# outlast an allocation, and a buffer kept for good would hold memory others could use.
+_SCRATCH: dict = {}
+_SCRATCH_MAX = 16 << 20
+
+
+def call_scratch(nc, nbytes: int) -> torch.Tensor:
+    """A buffer of at least nbytes for the kernels of one fused native call (see above)."""
+    if nbytes > _SCRATCH_MAX or torch.cuda.is_current_stream_capturing():
+        return arena(nbytes, nc.device)
+    key = (nc.device, nc.stream)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < nbytes:
+        # the buffer it replaces goes back to the allocator, which lends it on this stream only,
+        # after the kernels queued so far
+        buf = _SCRATCH[key] = arena(nbytes, nc.device)
+    return buf
+
+
 def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     """A region of an arena as a tensor (only where a tensor object is needed: checked ops)."""
     n = 1

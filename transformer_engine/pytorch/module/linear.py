@@ -136,8 +136,8 @@ _CODE = _fast._CODE
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
                       is_first_microbatch):
     """y = x @ W.T (+ bias) in FP8 through one native call (linear_fp8_forward: the same C API
-    calls, kernels and bits as the checked path's casts and GEMM); the FP8 operands live in two
-    allocations."""
+    calls, kernels and bits as the checked path's casts and GEMM); what the backward reads is
+    kept in one allocation, the FP8 data that only this call's GEMM reads in the call's scratch."""
     rs, device = fi.rs, x2d.device
     tokens, in_features = x2d.shape
     out_features = weight.shape[0]
@@ -147,7 +147,7 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
     nw = _fast.aligned(out_features * in_features) if fresh_w else 0
     off_wt = _OFF_XT + (nx if need_wgrad else 0)
     kept = _fast.arena(off_wt + (nw if need_dgrad else 0), device)
-    scratch = _fast.arena(nx + nw, device)
+    scratch = _fast.call_scratch(nc, nx + nw)  # read by this call's GEMM only
     kp, sp = kept.data_ptr(), scratch.data_ptr()
     code = _CODE[rs.fwd_dtype]
     if fresh_w:
@@ -195,7 +195,7 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
     """dgrad and wgrad in FP8 through one native call (linear_fp8_backward) on the saved operands
     (arena regions or tensors); with a weight gradient to make, dy's cast+transpose also yields
     the bias gradient (returned third, else None). dy's FP8 data, transpose, scale_inv and the
-    bias-gradient workspace share one allocation."""
+    bias-gradient workspace live in the call's scratch (read by this call's kernels only)."""
     _, out_features, in_features = ctx.shapes
     rs, tokens, device = ctx.fi.rs, dy.shape[0], dy.device
     need_dgrad, need_wgrad = ctx.need_dgrad, ctx.need_wgrad
@@ -221,11 +221,11 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
     if need_wgrad and ctx.has_bias_grad:  # [dyq | dyq.T | scale_inv | dbias workspace]
         ws_elems = _fast.dbias_workspace_elems(nc, tokens, out_features, _CODE[dy.dtype], code,
                                                ctx.bias_dtype)
-        buf = _fast.arena(n + n_t + _fast._ALIGN + 4 * ws_elems, device)
+        buf = _fast.call_scratch(nc, n + n_t + _fast._ALIGN + 4 * ws_elems)
         db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device)
         db_ptr, db_code = db.data_ptr(), _CODE[db.dtype]
     else:  # [dyq | dyq.T | scale_inv]
-        buf = _fast.arena(n + n_t + 4, device)
+        buf = _fast.call_scratch(nc, n + n_t + 4)
         db_ptr = db_code = ws_elems = 0
     bp = buf.data_ptr()
     dx = torch.empty(tokens, in_features, dtype=ctx.dtype, device=device) if need_dgrad else None
@@ -357,6 +357,15 @@ class Linear(TransformerEngineBaseModule):
             if weight is None:
                 raise ValueError("Linear: skip_weight_param_allocation=True needs the weight passed "
                                  "to forward(inp, weight=..., bias=...)")
+        elif self.splits is None:
+            # registered parameters read directly (nn.Module.__getattr__'s fallback costs more host
+            # time than the lookup); the attributes when something else provides them (a
+            # parametrization's property, a bias of None)
+            params = self._parameters
+            weight = params.get("weight")
+            if weight is None:
+                weight = self.weight
+            bias = params["bias"] if "bias" in params else self.bias
         else:
             weight, bias = self._weight_and_bias()
         if inp.shape[-1] != weight.shape[1]:
