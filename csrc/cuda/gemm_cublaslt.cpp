@@ -223,6 +223,12 @@ bool build_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, bool fused)
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+  if (fused && g.epilogue == kNVTEGemmEpilogueBGradB) {
+    // The H100's first BGradB choice for a small fp16 wgrad was 4 ulps off fp32 accumulation
+    // (split-K partials summed in the output type, presumably): fp32 partials only.
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes);
+  }
 
   cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
   int found = 0;

@@ -242,6 +242,39 @@ __device__ __forceinline__ void bwd_vec(const Vec<InT, P>& g, const Vec<InT, P>&
   if (kGated) store_vec(dst + cols, db);
 }
 
+// Gated backward with a high-precision dx, vectorised: the threads walk dx (rows x 2 cols, the
+// input's layout) in order, one 16-byte piece each; a piece in the first half is
+// dy b act'(a) (reads dy, a and b), in the second half dy act(a) (reads dy and a again, which
+// the first half's threads have just brought into L2). Writing dx as one contiguous stream
+// measured ~1% faster on an H100 than writing both halves from one thread (the layout
+// torch.compile gives cat([da, db], -1)), which was the last ~1.5% behind it for reglu/sreglu.
+template <class Op, typename InT, typename OutT, int kBlock>
+__global__ void __launch_bounds__(kBlock)
+gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
+                      OutT* __restrict__ out, int64_t rows, int64_t cols) {
+  constexpr int P = Pieces<InT>::P;
+  const int64_t pieces = rows * 2 * cols / P;
+  for (int64_t q = blockIdx.x * int64_t(kBlock) + threadIdx.x; q < pieces;
+       q += int64_t(gridDim.x) * kBlock) {
+    const int64_t o = q * P;
+    const int64_t r = div_index(o, 2 * cols), c = o - r * 2 * cols;
+    const bool first = c < cols;
+    const int64_t cc = first ? c : c - cols;
+    Vec<InT, P> g, a, b;
+    load_vec(g, grad + r * cols + cc);
+    load_vec(a, in + r * 2 * cols + cc);
+    if (first) load_vec(b, in + r * 2 * cols + cols + cc);
+    Vec<OutT, P> d;
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const float x = to_float(a.v[k]), dy = to_float(g.v[k]);
+      d.v[k] = from_float<OutT>(first ? dy * to_float(b.v[k]) * Op::deriv(x) : dy * Op::value(x));
+    }
+    store_vec(out + o, d);
+  }
+}
+constexpr int kFlatBlock = 512;  // swept: 128/256/512 within 1%, 512 best
+
 template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec,
           int kBlock = kThreads>
 __global__ void __launch_bounds__(kBlock)
@@ -445,6 +478,15 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
           grad, in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
     case Kind::kGatedBackward:
+      if (vec && !is_fp8_type<OutT>()) {
+        const int64_t blocks = (2 * n / Pieces<InT>::P + kFlatBlock - 1) / kFlatBlock;
+        const int flat_grid =
+            static_cast<int>(blocks > (int64_t(1) << 31) - 1 ? (int64_t(1) << 31) - 1 : blocks);
+        if (flat_grid > 0)
+          gated_bwd_flat_kernel<Op, InT, OutT, kFlatBlock><<<flat_grid, kFlatBlock, 0, s>>>(
+              grad, in, out, a.rows, a.cols);
+        break;
+      }
       activation_bwd_kernel<Op, true, InT, OutT, kMultiInputVec><<<grid, kThreads, 0, s>>>(
           grad, in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
       break;
