@@ -162,7 +162,9 @@ def bench_steps(name, reps, with_compile):
 
 # ----- 2. host time ------------------------------------------------------------------------------
 
-HOST_ROUNDS = 7
+# 15 rounds: on the lent machines single rounds of one contender vary up to 3x (session 5: 243 to
+# 795 us within a run), and the median of 7 moved by a third between two runs of one tree
+HOST_ROUNDS = 15
 
 
 def gpu_time_us(step, iters=20, sleep_cycles=400_000_000):

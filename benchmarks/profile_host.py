@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (no profiler)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (no profiler)")
     args = ap.parse_args()
     x = torch.randn(TOKENS, FIN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(TOKENS, FOUT, device="cuda", dtype=torch.bfloat16)

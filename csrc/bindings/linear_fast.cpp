@@ -1,10 +1,10 @@
-// One binding call per direction of an FP8 Linear step on the modules' direct path
-// (transformer_engine/pytorch/module/linear.py): the same C API calls, in the same order and with
-// the same descriptors, as the separate bindings (compute_amax, delayed_scaling_update,
-// cast_transpose / quantize, cast_transpose_dbias, gemm) make, so the kernels and their bits are
-// the same. Why one call: on a slow host the Python side of a small step costs more than its
-// kernels, and each separate call builds nested descriptor tuples in Python and parses them here;
-// flat integers cost a fraction of that.
+// One binding call per direction of a Linear step on the modules' direct path
+// (transformer_engine/pytorch/module/linear.py), FP8 or high precision: the same C API calls, in
+// the same order and with the same descriptors, as the separate bindings (compute_amax,
+// delayed_scaling_update, cast_transpose / quantize, cast_transpose_dbias, gemm) make, so the
+// kernels and their bits are the same. Why one call: on a slow host the Python side of a small
+// step costs more than its kernels, and each separate call builds nested descriptor tuples in
+// Python and parses them here; flat integers cost a fraction of that.
 //
 // Pointers are device addresses as Python ints (0: absent); dtypes are NVTEDType codes. The caller
 // (the module) has checked shapes and dtypes; the C API still validates every call and a failure
@@ -162,6 +162,50 @@ void register_linear_fast(py::module_& m) {
             check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr,
                                    kNVTEGemmEpilogueNone, 1.0f, dw_beta, false, ws, workspace_size,
                                    stream));
+          }
+        });
+
+  // High precision (x, W, dy, y, dx, dW all of dtype; bias and its gradient of bias_dtype): the
+  // same GEMMs as module/_fast.py's gemm() makes, in one call per direction.
+  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias when bias != 0).
+  m.def("linear_hp_forward",
+        [](uintptr_t x, int64_t tokens, int64_t in_features, uintptr_t w, int64_t out_features,
+           int dtype, uintptr_t y, uintptr_t bias, int bias_dtype, uintptr_t workspace,
+           size_t workspace_size, uintptr_t stream_ptr) {
+          NVTETensor a = matrix(w, out_features, in_features, dtype);
+          NVTETensor b = matrix(x, tokens, in_features, dtype);
+          NVTETensor d = matrix(y, tokens, out_features, dtype);
+          NVTETensor bd = vector(bias, out_features, bias_dtype);
+          check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
+                                 bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
+                                 true, reinterpret_cast<void*>(workspace), workspace_size,
+                                 stream_from_int(stream_ptr)));
+        });
+
+  // dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then dW [out, in] = dy^T @ x
+  // when dw != 0, with dbias [out] = dy's column sums from the same GEMM's epilogue when
+  // dbias != 0.
+  m.def("linear_hp_backward",
+        [](uintptr_t dy, int64_t tokens, int64_t out_features, int64_t in_features, int dtype,
+           uintptr_t w, uintptr_t dx, uintptr_t x, uintptr_t dw, uintptr_t dbias, int dbias_dtype,
+           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
+          const NVTEStream stream = stream_from_int(stream_ptr);
+          void* ws = reinterpret_cast<void*>(workspace);
+          NVTETensor b = matrix(dy, tokens, out_features, dtype);
+          if (dx) {
+            NVTETensor a = matrix(w, out_features, in_features, dtype);
+            NVTETensor d = matrix(dx, tokens, in_features, dtype);
+            check_status(nvte_gemm(&a, false, &b, false, &d, nullptr, nullptr,
+                                   kNVTEGemmEpilogueNone, 1.0f, 0.0f, true, ws, workspace_size,
+                                   stream));
+          }
+          if (dw) {
+            NVTETensor a = matrix(x, tokens, in_features, dtype);
+            NVTETensor d = matrix(dw, out_features, in_features, dtype);
+            NVTETensor db = vector(dbias, out_features, dbias_dtype);
+            check_status(nvte_gemm(&a, false, &b, true, &d, dbias ? &db : nullptr, nullptr,
+                                   dbias ? kNVTEGemmEpilogueBGradB : kNVTEGemmEpilogueNone, 1.0f,
+                                   0.0f, true, ws, workspace_size, stream));
           }
         });
 }

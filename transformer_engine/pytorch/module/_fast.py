@@ -55,6 +55,16 @@ def native_call(x: torch.Tensor):
     return NativeCall(mod, x.device) if mod is not None else None
 
 
+def native_call_again(forward_call, x: torch.Tensor):
+    """For a backward: its forward's NativeCall (None: a new one, as native_call) on the stream
+    current now (autograd may run the backward on another), unless the backward is traced."""
+    if forward_call is None or torch.compiler.is_compiling():
+        return native_call(x)
+    forward_call.stream = (_raw_stream_of_index(forward_call.device.index)
+                           if _raw_stream_of_index is not None else raw_stream(forward_call.device))
+    return forward_call
+
+
 def _ptr(t) -> int:
     """A tensor's address, 0 for None (an amax that a checkpoint recompute must not record)."""
     return t.data_ptr() if t is not None else 0
@@ -107,8 +117,8 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
 # Linear step makes its FP8 operands (data, transpose, scale_inv, workspaces) as regions of a
 # few uint8 buffers, grouped by lifetime (forward-only scratch, kept for backward), and passes
 # the regions' addresses to the kernels (one native call per direction). Every region, a 4-byte
-# scale_inv too, starts on a 256-byte boundary (the vectorised kernels want 16 bytes, cuBLASLt more for FP8 scale
-# pointers; the caching allocator's blocks are 512-aligned).
+# scale_inv too, starts on a 256-byte boundary (the vectorised kernels want 16 bytes, cuBLASLt
+# more for FP8 scale pointers; the caching allocator's blocks are 512-aligned).
 _ALIGN = 256
 
 
@@ -133,7 +143,8 @@ _SCRATCH_MAX = 16 << 20
 
 def call_scratch(nc, nbytes: int) -> torch.Tensor:
     """A buffer of at least nbytes for the kernels of one fused native call (see above)."""
-    if nbytes > _SCRATCH_MAX or torch.cuda.is_current_stream_capturing():
+    # the legacy default stream (handle 0) is never captured (CUDA refuses it): no query there
+    if nbytes > _SCRATCH_MAX or (nc.stream and torch.cuda.is_current_stream_capturing()):
         return arena(nbytes, nc.device)
     key = (nc.device, nc.stream)
     buf = _SCRATCH.get(key)

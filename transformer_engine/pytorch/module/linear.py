@@ -50,12 +50,17 @@ class _LinearFn(torch.autograd.Function):
                 record_amax(fi.rs, x2d, True, 0)
                 record_amax(fi.rs, w, True, 1)
             if nc is not None and tokens > 0:
-                y = _fast.gemm(nc, w, True, x2d, False, torch.empty(tokens, out_features, dtype=dtype,
-                               device=x2d.device), bias=bias)
+                w = w if w.is_contiguous() else w.contiguous()
+                y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
+                nc.mod.linear_hp_forward(
+                    x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, _CODE[dtype],
+                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype],
+                    nc.ws_ptr, nc.ws_size, nc.stream)
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
+        ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.weight = weight if fuse_wgrad else None
         ctx.shapes = (inp.shape, out_features, in_features)
@@ -72,7 +77,8 @@ class _LinearFn(torch.autograd.Function):
         # the direct path whenever it can serve the backward, whichever path the forward took
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
-        nc = _fast.native_call(dy) if dy.shape[0] > 0 and _fast.usable_backward(fi) else None
+        nc = (_fast.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and _fast.usable_backward(fi)
+              else None)
         # the direct path takes the bias gradient from the pass over dy it makes anyway: FP8, its
         # cast of dy; high precision, the wgrad GEMM's epilogue (dW's dtype, so not into an fp32
         # main_grad)
@@ -90,19 +96,12 @@ class _LinearFn(torch.autograd.Function):
             x2d, w = ctx.saved_tensors
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
-            dx = dw = None
-            if ctx.need_dgrad:
-                dx = (_fast.gemm(nc, w, False, dy, False, torch.empty(dy.shape[0], in_features,
-                      dtype=ctx.dtype, device=dy.device)) if nc is not None else _gemms.dgrad_hp(w, dy))
-            if ctx.need_wgrad:
-                if nc is not None and not ctx.fuse:
-                    if fused_db:
-                        db = torch.empty(out_features, dtype=ctx.dtype, device=dy.device)
-                    dw = _fast.gemm(nc, x2d, False, dy, True, torch.empty(out_features, in_features,
-                                    dtype=ctx.dtype, device=dy.device),
-                                    bias_grad=db if fused_db else None)
-                else:
-                    dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
+            if nc is not None:
+                dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db)
+            else:
+                dx = _gemms.dgrad_hp(w, dy) if ctx.need_dgrad else None
+                dw = (_gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
+                      if ctx.need_wgrad else None)
         if fi.step is not None:
             fi.step.backward_finished()
         if dx is not None and len(inp_shape) != 2:
@@ -111,6 +110,29 @@ class _LinearFn(torch.autograd.Function):
 
 
 _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
+
+
+def _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db):
+    """dgrad, then wgrad (whose epilogue also sums the bias gradient when fused_db), in one native
+    call (linear_hp_backward: the same GEMMs as _fast.gemm); a wgrad accumulated into main_grad
+    (fuse_wgrad_accumulation) follows through _gemms. Returns (dx, dw, db)."""
+    _, out_features, in_features = ctx.shapes
+    tokens, dtype, device = dy.shape[0], ctx.dtype, dy.device
+    dx = torch.empty(tokens, in_features, dtype=dtype, device=device) if ctx.need_dgrad else None
+    dw = None
+    if ctx.need_wgrad and not ctx.fuse:
+        dw = torch.empty(out_features, in_features, dtype=dtype, device=device)
+        if fused_db:
+            db = torch.empty(out_features, dtype=dtype, device=device)
+    code = _CODE[dtype]
+    nc.mod.linear_hp_backward(
+        dy.data_ptr(), tokens, out_features, in_features, code,
+        w.data_ptr() if dx is not None else 0, dx.data_ptr() if dx is not None else 0,
+        x2d.data_ptr() if dw is not None else 0, dw.data_ptr() if dw is not None else 0,
+        db.data_ptr() if fused_db else 0, code, nc.ws_ptr, nc.ws_size, nc.stream)
+    if ctx.need_wgrad and ctx.fuse:
+        dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, True, out_features, in_features)
+    return dx, dw, db
 
 
 def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
