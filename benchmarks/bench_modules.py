@@ -5,9 +5,12 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
      te BF16, te FP8 DelayedScaling, te FP8 Float8CurrentScaling   vs
      torch.nn BF16 eager and torch.compile'd (inductor)
    torch.nn equivalents: Linear; LayerNorm + Linear; LayerNorm + Linear + tanh-GELU + Linear.
-   Timed with events around single eager steps (common.time_ms, graph=False: autograd's backward
-   and the FP8 recipe state are not captured into graphs here), the contenders taking turns over
-   STEP_ROUNDS rounds, each keeping its median round.
+   Timed eagerly (graph=False: autograd's backward and the FP8 recipe state are not captured
+   into graphs here) with events around STEP_CALLS steps issued back to back, as a training loop
+   issues them: the mean step of that steady state. (Around one synchronised step the events
+   would also time the host's work before the step's first kernel, while the GPU idles: on the
+   slow hosts of the lent machines that is 0.1-1 ms per step, for every contender.) The
+   contenders take turns over STEP_ROUNDS rounds, each keeping its median round.
    Parameter grads are dropped (set to None) before each step for every contender alike.
    Bars: LayerNormMLP FP8 >= 1.75x torch.nn BF16 eager, Linear FP8 >= 1.6x, te BF16 no slower
    than torch.compile of torch.nn.
@@ -48,6 +51,7 @@ HOST_SHAPE = (64, 1024, 1024)  # tokens, in, out
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
 STEP_ROUNDS = 5
+STEP_CALLS = 4  # steps between the timing events (see 1. above)
 BARS = {"LayerNormMLP_fp8": 1.75, "Linear_fp8": 1.6, "bf16_vs_compile": 1.0, "host": 1.5}
 
 
@@ -144,7 +148,8 @@ def bench_steps(name, reps, with_compile):
     # contenders take turns over STEP_ROUNDS rounds and keep their median round: clocks and
     # temperature drift over a run by a few percent, and every contender then sees the same drift
     times = common.time_interleaved_ms(steps, rounds=STEP_ROUNDS, warmup=3,
-                                       reps=max(3, reps // STEP_ROUNDS), graph=False)
+                                       reps=max(3, reps // STEP_ROUNDS), graph=False,
+                                       eager_calls=STEP_CALLS)
     row.update({f"{k}_ms": v for k, v in times.items()})
     for k, v in times.items():
         if k != "torch_eager":

@@ -33,12 +33,12 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, graph: bool = True, calls: int 
     argument checks, launch latency) is left out, for us and for the peers alike. Functions that
     cannot be captured fall back to timing single eager calls.
     """
-    run, per_replay = _replayable(fn, warmup, graph, calls)
+    run, per_replay, _ = _replayable(fn, warmup, graph, calls)
     return _median_ms(run, per_replay, reps)
 
 
 def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int = 20,
-                        calls: int = 10, graph: bool = True) -> dict:
+                        calls: int = 10, graph: bool = True, eager_calls: int = 1) -> dict:
     """{name: median milliseconds of one fn()} for several contenders timed in alternation.
 
     Every contender is prepared as in time_ms (a CUDA graph of `calls` calls, or eager calls if
@@ -46,14 +46,20 @@ def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int =
     `reps` replays), the order reversed every other round, and a contender's result is the
     median of its round medians. Clock or thermal drift over the run then affects all
     contenders alike instead of whichever happened to run last; the protocol is the same for
-    every contender."""
-    runners = {name: _replayable(fn, warmup, graph, calls) for name, fn in fns.items()}
+    every contender.
+
+    eager_calls > 1: an eager contender runs that many fn() back to back between the events
+    (no synchronisation between them, as in a training loop) and its time is their mean. A
+    single synchronised call also times the host's work before its first kernel, while the
+    device idles; back-to-back calls measure the steady state, where that latency overlaps the
+    previous call's kernels (as long as the host keeps ahead of the device)."""
+    runners = {name: _replayable(fn, warmup, graph, calls, eager_calls) for name, fn in fns.items()}
     per_round = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            run, per_replay = runners[name]
-            if per_replay == 1:
+            run, per_replay, graphed = runners[name]
+            if not graphed:
                 # eager contenders share the caching allocator: one untimed call re-populates this
                 # contender's blocks after the others ran, so no timed call pays for cudaMalloc
                 run()
@@ -61,13 +67,14 @@ def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int =
     return {name: statistics.median(ms) for name, ms in per_round.items()}
 
 
-def _replayable(fn, warmup: int, graph: bool, calls: int):
-    """(run, calls per run): a replay of a CUDA graph of `calls` fn() calls, or fn itself."""
+def _replayable(fn, warmup: int, graph: bool, calls: int, eager_calls: int = 1):
+    """(run, calls per run, graphed): a replay of a CUDA graph of `calls` fn() calls, or
+    `eager_calls` eager fn() calls."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     if not graph:
-        return fn, 1
+        return _eager(fn, eager_calls)
     try:
         g = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
@@ -79,11 +86,21 @@ def _replayable(fn, warmup: int, graph: bool, calls: int):
         torch.cuda.current_stream().wait_stream(stream)
         g.replay()
         torch.cuda.synchronize()
-        return g.replay, calls
+        return g.replay, calls, True
     except Exception as exc:  # not capturable: say so and time eagerly
         print(f"  (graph capture failed: {type(exc).__name__}: {str(exc)[:80]}; timing eager calls)")
         torch.cuda.synchronize()
-        return fn, 1
+        return _eager(fn, eager_calls)
+
+
+def _eager(fn, count: int):
+    if count == 1:
+        return fn, 1, False
+
+    def run():
+        for _ in range(count):
+            fn()
+    return run, count, False
 
 
 def _median_ms(run, per_replay: int, reps: int) -> float:

@@ -8,8 +8,9 @@ no dropout. A step = forward + backward (input and parameter gradients). Contend
   torch_eager   plain block: nn.LayerNorm, nn.Linear, F.scaled_dot_product_attention(is_causal),
                 tanh-GELU, BF16
   torch_compile torch.compile of the plain block
-Timed like bench_modules.py: events around single eager steps, the contenders taking turns over
-five rounds (common.time_interleaved_ms, graph=False), each keeping its median round; grads
+Timed like bench_modules.py: events around STEP_CALLS eager steps issued back to back (the
+steady state of a training loop), the contenders taking turns over five rounds
+(common.time_interleaved_ms, graph=False), each keeping its median round; grads
 set to None before each step for every contender. The attention backend the dispatcher chose for
 te is printed and recorded.
 Bars: te_bf16 <= torch_compile; te_fp8 >= 1.45x faster than torch_eager (BF16).
@@ -31,6 +32,7 @@ from transformer_engine.common import recipe  # noqa: E402
 HIDDEN, HEADS, FFN, SEQ, BATCH = 4096, 32, 16384, 2048, 2
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
+STEP_CALLS = 4  # steps between the timing events, as in bench_modules.py
 BARS = {"te_bf16_vs_compile": 1.0, "te_fp8_vs_eager": 1.45}
 
 
@@ -103,7 +105,8 @@ def run_gpt_block(quick: bool = False) -> dict:
             row[f"{name}_ms"] = None
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     # the contenders take turns over rounds, each keeping its median round (clock drift hits all)
-    times = common.time_interleaved_ms(runnable, rounds=5, warmup=3, reps=max(2, reps // 5), graph=False)
+    times = common.time_interleaved_ms(runnable, rounds=5, warmup=3, reps=max(2, reps // 5), graph=False,
+                                       eager_calls=STEP_CALLS)
     for name in contenders:
         if name in times:
             row[f"{name}_ms"] = times[name]

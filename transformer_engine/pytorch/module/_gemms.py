@@ -51,6 +51,16 @@ def _bias_for(bias, dtype):
     return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
 
 
+def fprop_hp(w, x2d, bias=None):
+    """y = x2d @ w.T (+ bias) in high precision: the direct native call in eager mode (no
+    argument checks: the module checked shapes and dtypes), else the checked op."""
+    nc = _direct(x2d) if x2d.shape[0] > 0 and w.dtype == x2d.dtype else None
+    if nc is None:
+        return K.general_gemm(w, x2d, layout="TN", bias=bias).out
+    out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
+    return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype))
+
+
 def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False):
     nc = None if gelu else _direct(xq)
     if nc is not None:

@@ -9,7 +9,6 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ..library import dispatch as K
 from . import _gemms, _parallel
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
@@ -43,7 +42,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, gemm_in, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            y = K.general_gemm(w, gemm_in, layout="TN", bias=bias).out
+            y = _gemms.fprop_hp(w, gemm_in, bias)
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in, None, w, None)
         ctx.tp = tp
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module = fp8, fi, dtype, module

@@ -76,12 +76,12 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp):
         r = K.general_gemm(w1, ln_full, layout="TN", bias=b1, gelu=True)
         a, h = r.out, r.gelu_input
     else:
-        h = K.general_gemm(w1, ln_full, layout="TN", bias=b1).out
+        h = _gemms.fprop_hp(w1, ln_full, b1)
         a = K.activation_forward(h, act)
     if fi.calibrating:
         for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
-    y = K.general_gemm(w2, a, layout="TN", bias=b2).out
+    y = _gemms.fprop_hp(w2, a, b2)
     saved = (x2d, mu, rsigma, g, ln_full, None, w1, None, h, a, None, w2, None)
     return y, ln_out, saved
 
