@@ -25,8 +25,8 @@ Contract for the dispatcher (transformer_engine/pytorch/attention/, attn-py) -- 
                                    plain torch in fp32, accepts every configuration; it is the
                                    unfused backend's maths and the oracle of the tests.
   portable_kernel_variant('auto' | 'fma')   context manager (tests, benchmarks): the portable
-                                   backend on the warp matrix units where the build maps them
-                                   (NVIDIA), or its FMA kernels (what AMD builds run).
+                                   backend on the tensor cores where the build maps them
+                                   (NVIDIA sm_80+), or its FMA kernels (what AMD builds run).
 
 Layouts (q, k, v and out share one): 'bshd' [b, s, h, d], 'sbhd' [s, b, h, d], 'thd'
 [total_tokens, h, d] with cu_seqlens (int32 [b + 1], cumulative lengths, on q's device). Padding
@@ -652,7 +652,7 @@ class FusedAttention(torch.autograd.Function):
 @contextlib.contextmanager
 def portable_kernel_variant(variant: str):
     """Within the block, the portable forward runs 'fma' (the FMA kernel, the code path AMD
-    builds take) or 'auto' (warp matrix units where the build maps them: NVIDIA). Process-wide;
+    builds take) or 'auto' (tensor cores where the build maps them: NVIDIA sm_80+). Process-wide;
     for tests and benchmarks."""
     codes = {"auto": 0, "fma": 1}
     if variant not in codes:

@@ -10,9 +10,9 @@
  *   kNVTEAttnBackendPortable  the portable tiled online-softmax kernels of csrc/common/attention
  *                             (one source, hipified for AMD): the AMD backend and the NVIDIA
  *                             fallback. float16/bfloat16, head dims 64 and 128 (q, k, v equal).
- *                             Products on the warp matrix units where util/arch.h maps them
- *                             (NVIDIA: wmma), FMA elsewhere (AMD, for now); see
- *                             nvte_attention_set_portable_variant.
+ *                             Products on the tensor cores where util/arch.h maps them
+ *                             (NVIDIA sm_80+: register-level mma.sync), FMA elsewhere (AMD, for
+ *                             now); see nvte_attention_set_portable_variant.
  *
  * ---- Layouts (qkv_format) --------------------------------------------------------------------
  *   BSHD [b, s, h, d];  SBHD [s, b, h, d];  THD [total_tokens, h, d] packed sequences given by
@@ -129,8 +129,8 @@ NVTEStatus nvte_attention_backward(NVTEAttnBackend backend, const NVTEAttnParams
                                    NVTETensor* dk, NVTETensor* dv, void* workspace,
                                    size_t workspace_size, NVTEStream stream);
 
-/* Which kernels the portable backend uses, process-wide: Auto (the warp matrix units where this
- * vendor build maps them -- NVIDIA --, else FMA) or FmaOnly (the FMA kernels every vendor runs;
+/* Which kernels the portable backend uses, process-wide: Auto (the tensor cores where this
+ * vendor build maps them -- NVIDIA sm_80+ --, else FMA) or FmaOnly (the FMA kernels every vendor runs;
  * lets NVIDIA test the code path AMD takes). Forward and backward alike. */
 typedef enum { kNVTEAttnPortableAuto = 0, kNVTEAttnPortableFmaOnly = 1 } NVTEAttnPortableVariant;
 NVTEStatus nvte_attention_set_portable_variant(NVTEAttnPortableVariant variant);
