@@ -2,7 +2,9 @@
 bindings with descriptors built inline, no argument checks (the module validated shapes and
 dtypes once per call) and no per-call scale tensors (scale/amax are passed as pointers into the
 module's recipe state), plus the fused FP8 cast+transpose kernels (with the bias gradient, the
-activation or its derivative folded in). Everything else (reference backend, torch.compile
+activation or its derivative folded in). Linear goes further: one native call per direction
+with flat integer arguments (csrc/bindings/linear_fast.cpp), its operands in arenas and the
+per-stream call scratch below. Everything else (reference backend, torch.compile
 tracing, a checkpoint recompute's forward, calibration, power-of-2 scales) goes through the
 checked ops. The FP8 data and scales are the same bits either way; a bias gradient summed by a
 fused kernel may differ in its last bit from the checked path's fp32 column sum (another order)."""
@@ -178,17 +180,6 @@ def dbias_workspace_elems(nc, rows: int, cols: int, in_code: int, fp8_code: int,
     for d in shape:
         n *= d
     return n
-
-
-def gemm_raw(nc, a, transa, b, transb, out, a_sinv=0, b_sinv=0, bias=None, beta=0.0,
-             fast_accum=True, bias_grad=None):
-    """gemm() on descriptors: a and b as (ptr, shape, code) (FP8 scale_inv pointers apart), out,
-    bias and bias_grad as tensors."""
-    epilogue, side = _epilogue(bias, bias_grad)
-    nc.mod.gemm((a[0], a[1], a[2], 0, 0, a_sinv), transa, (b[0], b[1], b[2], 0, 0, b_sinv), transb,
-                (out.data_ptr(), out.shape, _CODE[out.dtype], 0, 0, 0), side, None, epilogue, 1.0,
-                beta, fast_accum, nc.ws_ptr, nc.ws_size, nc.stream)
-    return out
 
 
 def _fp8_outputs(x, rows, cols, dtype, transpose: bool):
