@@ -255,6 +255,10 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
     if need_wgrad:
         if ctx.fuse:  # accumulate into the fp32 main_grad
             out, beta = _gemms.wgrad_out(ctx.weight, True)[0], 1.0
+            if out.shape != (out_features, in_features) or not out.is_contiguous():
+                raise ValueError(f"Linear: weight.main_grad has shape {tuple(out.shape)} (contiguous: "
+                                 f"{out.is_contiguous()}); expected a contiguous "
+                                 f"[{out_features}, {in_features}] tensor to accumulate into")
         else:
             out = dw = torch.empty(out_features, in_features, dtype=ctx.dtype, device=device)
         dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
