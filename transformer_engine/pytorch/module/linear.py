@@ -29,8 +29,16 @@ class _LinearFn(torch.autograd.Function):
         fp8 = fi.fp8 and tokens > 0
         ctx.has_bias_grad = bias is not None and bias.requires_grad
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        if bias is not None and bias.dtype != dtype:
-            bias = bias.to(dtype)
+        if bias is not None:
+            # the direct path describes the bias by out_features: a bias of another shape must
+            # fail here, not be read past its end
+            if bias.shape != (out_features,):
+                raise ValueError(f"Linear: bias has shape {tuple(bias.shape)}; expected "
+                                 f"[{out_features}] (out_features)")
+            if bias.dtype != dtype:
+                bias = bias.to(dtype)
+            if not bias.is_contiguous():
+                bias = bias.contiguous()
         ctx.layout = None
         if fp8:
             if tokens % 16 or in_features % 16 or out_features % 16:
