@@ -451,3 +451,39 @@ def test_gemm_first_call_under_capture(fp8):
     torch.testing.assert_close(captured.float(), eager.float(), rtol=2 * t["rtol"],
                                atol=2 * t["rtol"] * float(eager.float().abs().max()))
     assert torch.equal(call(), eager)  # tuned once: later calls repeat the same algorithm
+
+
+@requires_native_gpu
+def test_gemm_workspace_per_stream():
+    """GEMMs on two streams may run at the same time, so each (device, stream) has its own
+    workspace (one shared buffer let them overwrite each other's scratch); the cache keeps at
+    most _MAX_WORKSPACES of them, and GEMMs issued concurrently on side streams equal the
+    current stream's."""
+    dev = torch.device("cuda")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    main_ws = gemm_mod.gemm_workspace(dev)
+    with torch.cuda.stream(s1):
+        ws1 = gemm_mod.gemm_workspace(dev)
+    with torch.cuda.stream(s2):
+        ws2 = gemm_mod.gemm_workspace(dev)
+    assert len({main_ws.data_ptr(), ws1.data_ptr(), ws2.data_ptr()}) == 3
+    with torch.cuda.stream(s1):
+        assert gemm_mod.gemm_workspace(dev).data_ptr() == ws1.data_ptr()  # made once per stream
+    # a small output and a long reduction: the libraries' split-K kernels use the workspace
+    A, B = operands("TN", 256, 128, 16384, torch.bfloat16, "cuda", 8)
+    want = ops.general_gemm(A, B, layout="TN").out
+    for s in (s1, s2):
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for _ in range(8):
+        for s in (s1, s2):
+            with torch.cuda.stream(s):
+                outs.append(ops.general_gemm(A, B, layout="TN").out)
+    torch.cuda.synchronize()
+    for got in outs:
+        assert torch.equal(got, want)
+    extra = [torch.cuda.Stream() for _ in range(gemm_mod._MAX_WORKSPACES + 2)]
+    for s in extra:
+        with torch.cuda.stream(s):
+            gemm_mod.gemm_workspace(dev)
+    assert len(gemm_mod._WORKSPACES) <= gemm_mod._MAX_WORKSPACES

@@ -87,11 +87,16 @@ def describe(t: torch.Tensor | None, amax=None, scale=None, scale_inv=None, shap
 _raw_stream_of_index = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def stream_of(t: torch.Tensor) -> int:
-    """The handle of the current stream on t's device. torch's raw query when it has one:
+def stream_handle(index: int) -> int:
+    """The handle of the current stream on device `index`. torch's raw query when it has one:
     torch.cuda.current_stream() builds a Stream object per call, which cost more host time than
     some of the kernels it launches."""
     if _raw_stream_of_index is not None:
-        index = t.device.index
-        return _raw_stream_of_index(index if index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(t.device).cuda_stream
+        return _raw_stream_of_index(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def stream_of(t: torch.Tensor) -> int:
+    """The handle of the current stream on t's device."""
+    index = t.device.index
+    return stream_handle(index if index is not None else torch.cuda.current_device())

@@ -13,14 +13,13 @@ from __future__ import annotations
 import torch
 
 from .. import native
-from ..ops.gemm import EPILOGUE_BGRADB, EPILOGUE_BIAS, EPILOGUE_NONE, gemm_workspace
+from ..ops.gemm import EPILOGUE_BGRADB, EPILOGUE_BIAS, EPILOGUE_NONE, gemm_workspace_raw
 
 _CODE = native.DTYPE_CODE
 _AMAX_MOST_RECENT = 1
 
 
 _raw_stream_of_index = native._raw_stream_of_index
-_WORKSPACES: dict = {}
 
 
 def raw_stream(device: torch.device) -> int:
@@ -33,20 +32,20 @@ def raw_stream(device: torch.device) -> int:
 
 class NativeCall:
     """The native module, stream and GEMM workspace of one module call."""
-    __slots__ = ("mod", "stream", "ws_ptr", "ws_size", "device")
+    __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device")
 
     def __init__(self, mod, device):
         self.mod, self.device = mod, device
         # a CUDA tensor's device always has its index (raw_stream() covers bare devices)
         self.stream = (_raw_stream_of_index(device.index) if _raw_stream_of_index is not None
                        else raw_stream(device))
-        ws = _WORKSPACES.get(device)
-        if ws is None:
-            w = gemm_workspace(device)
-            ws = (w.data_ptr(), w.numel())
-            if not torch.cuda.is_current_stream_capturing():
-                _WORKSPACES[device] = ws
-        self.ws_ptr, self.ws_size = ws
+        self.use_workspace_of_stream()
+
+    def use_workspace_of_stream(self):
+        """One workspace per (device, stream): GEMMs on two streams may run at the same time. The
+        buffer is held here, so that one made under graph capture (not cached) or dropped from
+        the cache outlives the calls that use it."""
+        self.ws, self.ws_ptr, self.ws_size = gemm_workspace_raw(self.device.index, self.stream)
 
 
 def native_call(x: torch.Tensor):
@@ -62,8 +61,11 @@ def native_call_again(forward_call, x: torch.Tensor):
     current now (autograd may run the backward on another), unless the backward is traced."""
     if forward_call is None or torch.compiler.is_compiling():
         return native_call(x)
-    forward_call.stream = (_raw_stream_of_index(forward_call.device.index)
-                           if _raw_stream_of_index is not None else raw_stream(forward_call.device))
+    stream = (_raw_stream_of_index(forward_call.device.index)
+              if _raw_stream_of_index is not None else raw_stream(forward_call.device))
+    if stream != forward_call.stream:
+        forward_call.stream = stream
+        forward_call.use_workspace_of_stream()
     return forward_call
 
 

@@ -32,6 +32,7 @@ is allocated once per device through torch's caching allocator and reused by eve
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import NamedTuple, Optional
 
 import torch
@@ -57,23 +58,39 @@ class GemmOutput(NamedTuple):
 
 # ----- workspace -------------------------------------------------------------------------------
 
-_WORKSPACES: dict = {}
+_WORKSPACES: "OrderedDict[tuple, tuple]" = OrderedDict()  # (device index, stream) -> workspace
+_MAX_WORKSPACES = 8
+
+
+def gemm_workspace_raw(index: int, stream: int):
+    """(buffer, address, bytes) of the GEMM workspace of a device and stream
+    (nvte_gemm_workspace_size() bytes), made once and reused.
+
+    GEMMs on one stream run one after another, so one buffer per (device, stream) serves them
+    all; GEMMs on two streams may overlap, and a shared buffer would let one overwrite the other's
+    scratch mid-GEMM. The buffer is allocated on that stream (the current one), so when it is
+    dropped (more than _MAX_WORKSPACES streams in use: the least recently used goes) the caching
+    allocator reuses it only in that stream's order. A buffer first needed while a CUDA graph is
+    being captured is not cached: it belongs to the graph's private memory pool."""
+    key = (index, stream)
+    entry = _WORKSPACES.get(key)
+    if entry is not None:
+        _WORKSPACES.move_to_end(key)
+        return entry
+    ws = torch.empty(native.native_for_torch().gemm_workspace_size(), dtype=torch.uint8,
+                     device=torch.device("cuda", index))
+    entry = (ws, ws.data_ptr(), ws.numel())
+    if not torch.cuda.is_current_stream_capturing():
+        _WORKSPACES[key] = entry
+        if len(_WORKSPACES) > _MAX_WORKSPACES:
+            _WORKSPACES.popitem(last=False)
+    return entry
 
 
 def gemm_workspace(device: torch.device) -> torch.Tensor:
-    """The device's GEMM workspace (nvte_gemm_workspace_size() bytes), made once and reused.
-
-    One buffer per device serves every call because GEMMs on a stream run one after another. A
-    buffer first needed while a CUDA graph is being captured is not cached: it belongs to the
-    graph's private memory pool and must not be handed to later eager calls."""
+    """The GEMM workspace of the device's current stream (see gemm_workspace_raw)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ws = _WORKSPACES.get(index)
-    if ws is None:
-        ws = torch.empty(native.native_for_torch().gemm_workspace_size(), dtype=torch.uint8,
-                         device=torch.device("cuda", index))
-        if not torch.cuda.is_current_stream_capturing():
-            _WORKSPACES[index] = ws
-    return ws
+    return gemm_workspace_raw(index, native.stream_handle(index))[0]
 
 
 # ----- reference -------------------------------------------------------------------------------
@@ -264,7 +281,8 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
     beta = 1.0 if accumulate else 0.0
 
     if native.use_native(A):
-        ws = gemm_workspace(device)
+        stream = native.stream_of(A)
+        _, ws_ptr, ws_size = gemm_workspace_raw(A.device.index, stream)
         native.native_for_torch().gemm(
             native.describe(A, scale_inv=A_scale_inv), transa,
             native.describe(B, scale_inv=B_scale_inv), transb,
@@ -272,7 +290,7 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
             native.describe(bias_arg) if bias_arg is not None else None,
             native.describe(aux) if aux is not None else None,
             epilogue, float(alpha), beta, not use_split_accumulator,
-            ws.data_ptr(), ws.numel(), native.stream_of(A))
+            ws_ptr, ws_size, stream)
     else:
         gemm_reference(A, B, transa, transb, out, A_scale_inv=A_scale_inv, B_scale_inv=B_scale_inv,
                        bias=bias, aux=aux, epilogue=epilogue, alpha=alpha, beta=beta,
