@@ -27,7 +27,8 @@ Returns GemmOutput(out, bias_grad, gelu_input), None for the parts not asked for
 
 The native path runs on CUDA/ROCm tensors when the native core is built for this torch; the
 reference (dequantize, matmul in fp32, epilogue, cast) runs everywhere else. A GEMM workspace
-is allocated once per device through torch's caching allocator and reused by every call.
+is allocated once per device and stream through torch's caching allocator and reused by every
+call on that stream (see gemm_workspace_raw).
 """
 from __future__ import annotations
 
