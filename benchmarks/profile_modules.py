@@ -4,6 +4,7 @@ with the GEMMs' share. Not a benchmark of record (bench_modules.py is); a tool t
 
     python benchmarks/profile_modules.py [--module LayerNormMLP] [--recipe delayed|current|bf16]
     python benchmarks/profile_modules.py --module PlainBlock [--compile]   # the GPT block's peer
+    python benchmarks/profile_modules.py --module TorchLinear [--compile]  # te.Linear's BF16 peer
 
 PlainBlock is the plain-PyTorch GPT block bench_attention.py times te.TransformerLayer against
 (eager, or torch.compile'd with --compile); its table sits beside TransformerLayer's kernel by
@@ -24,21 +25,26 @@ TOKENS, HIDDEN, FFN = 16384, 4096, 16384
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--module", default="LayerNormMLP",
-                    choices=["Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "PlainBlock"])
+                    choices=["Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "PlainBlock",
+                             "TorchLinear"])
     ap.add_argument("--recipe", default="delayed", choices=["bf16", "delayed", "current"])
-    ap.add_argument("--compile", action="store_true", help="PlainBlock: torch.compile it")
+    ap.add_argument("--compile", action="store_true", help="PlainBlock, TorchLinear: torch.compile it")
     ap.add_argument("--top", type=int, default=40, help="rows of the kernel table")
     ap.add_argument("--gaps", default=None, metavar="TRACE.json",
                     help="also profile two steps with host activity, write their chrome trace "
                          "there and list the largest device idle gaps with what the host was doing")
     args = ap.parse_args()
-    if args.module == "PlainBlock":
+    if args.module in ("PlainBlock", "TorchLinear"):
         args.recipe = "bf16"
     dt = torch.bfloat16
     if args.module == "Linear":
         mod, out = te.Linear(HIDDEN, FFN, params_dtype=dt), FFN
     elif args.module == "LayerNormLinear":
         mod, out = te.LayerNormLinear(HIDDEN, FFN, params_dtype=dt), FFN
+    elif args.module == "TorchLinear":  # te.Linear's BF16 peer in bench_modules.py
+        mod, out = torch.nn.Linear(HIDDEN, FFN, device="cuda", dtype=dt), FFN
+        if args.compile:
+            mod = torch.compile(mod)
     elif args.module == "LayerNormMLP":
         mod, out = te.LayerNormMLP(HIDDEN, FFN, params_dtype=dt), HIDDEN
     else:  # the GPT block of bench_attention.py: seq 2048, batch 2, 32 heads, causal
@@ -95,15 +101,15 @@ def main():
         print(f"{t / steps / 1e3:8.3f} ms  {n // steps:3d}x  {100 * t / total:5.1f}%  {name}")
     if args.gaps:
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        # four steps back to back, as the benchmarks time them: a gap here is the device
+        # waiting on the host in the steady state (a sync, or host work slower than the kernels)
+        torch.cuda.synchronize()
         with torch.profiler.profile(activities=acts) as prof:
-            for _ in range(2):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+            for _ in range(4):
                 step()
-                end.record()
-                end.synchronize()
+            torch.cuda.synchronize()
         prof.export_chrome_trace(args.gaps)
-        print_gaps(args.gaps, steps=2)
+        print_gaps(args.gaps, steps=4)
 
 
 def print_gaps(path, steps, top=25):

@@ -3,6 +3,7 @@ and the per-device capability (FP8 flavour) as torch sees it."""
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -87,10 +88,12 @@ def describe(t: torch.Tensor | None, amax=None, scale=None, scale_inv=None, shap
 _raw_stream_of_index = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def stream_handle(index: int) -> int:
-    """The handle of the current stream on device `index`. torch's raw query when it has one:
-    torch.cuda.current_stream() builds a Stream object per call, which cost more host time than
-    some of the kernels it launches."""
+def stream_handle(index: Optional[int]) -> int:
+    """The handle of the current stream on device `index` (None: the current device). torch's
+    raw query when it has one: torch.cuda.current_stream() builds a Stream object per call, which
+    cost more host time than some of the kernels it launches."""
+    if index is None:
+        index = torch.cuda.current_device()
     if _raw_stream_of_index is not None:
         return _raw_stream_of_index(index)
     return torch.cuda.current_stream(index).cuda_stream
@@ -98,5 +101,4 @@ def stream_handle(index: int) -> int:
 
 def stream_of(t: torch.Tensor) -> int:
     """The handle of the current stream on t's device."""
-    index = t.device.index
-    return stream_handle(index if index is not None else torch.cuda.current_device())
+    return stream_handle(t.device.index)

@@ -456,7 +456,7 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
                 desc.append(d)
         if desc:
             native.native_for_torch().delayed_scaling_update(
-                desc, code, float(recipe.margin), _raw_stream(first.device))
+                desc, code, float(recipe.margin), native.stream_handle(first.device.index))
         return
     if forward:
         groups = [(s.amax_history_fwd, s.scale_fwd, s.scale_inv_fwd, s.fwd_max) for s in states]
@@ -469,11 +469,3 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> 
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}
-_RAW_STREAM = []  # module._fast.raw_stream, imported on first use (module imports this file)
-
-
-def _raw_stream(device):
-    if not _RAW_STREAM:
-        from .module._fast import raw_stream
-        _RAW_STREAM.append(raw_stream)
-    return _RAW_STREAM[0](device)

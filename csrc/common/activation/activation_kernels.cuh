@@ -446,6 +446,11 @@ void launch_fwd_kind(const InT* in, OutT* out, const ElementwiseArgs& a, bool ve
       in, out, a.rows, a.cols, vec, a.scale, a.amax, a.scale_inv);
 }
 
+// A block count as a launch's grid size, capped at the largest one (grid-stride kernels loop).
+inline int grid_of(int64_t blocks) {
+  return static_cast<int>(blocks > (int64_t(1) << 31) - 1 ? (int64_t(1) << 31) - 1 : blocks);
+}
+
 template <class Op, typename InT, typename OutT>
 void launch_elementwise_typed(const ElementwiseArgs& a) {
   const bool gated = a.kind == Kind::kGatedForward || a.kind == Kind::kGatedBackward;
@@ -459,8 +464,7 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
   if (is_fp8_type<OutT>()) {
     grid = elementwise_grid(items);
   } else {
-    const int64_t blocks = (items + sh.block - 1) / sh.block;  // the kernels loop if more
-    grid = static_cast<int>(blocks > (int64_t(1) << 31) - 1 ? (int64_t(1) << 31) - 1 : blocks);
+    grid = grid_of((items + sh.block - 1) / sh.block);  // the kernels loop if more
   }
   auto in = static_cast<const InT*>(a.input);
   auto grad = static_cast<const InT*>(a.grad);
@@ -479,9 +483,7 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
       break;
     case Kind::kGatedBackward:
       if (vec && !is_fp8_type<OutT>()) {
-        const int64_t blocks = (2 * n / Pieces<InT>::P + kFlatBlock - 1) / kFlatBlock;
-        const int flat_grid =
-            static_cast<int>(blocks > (int64_t(1) << 31) - 1 ? (int64_t(1) << 31) - 1 : blocks);
+        const int flat_grid = grid_of((2 * n / Pieces<InT>::P + kFlatBlock - 1) / kFlatBlock);
         if (flat_grid > 0)
           gated_bwd_flat_kernel<Op, InT, OutT, kFlatBlock><<<flat_grid, kFlatBlock, 0, s>>>(
               grad, in, out, a.rows, a.cols);

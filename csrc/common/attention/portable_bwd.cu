@@ -35,7 +35,12 @@ __global__ void __launch_bounds__(128) attention_delta_kernel(KernelArgs a) {
     for (int d = lane; d < D; d += kLanes) acc += to_float(o[d]) * to_float(d_o[d]);
   }
   acc = group_sum<kLanes>(acc);
-  if (i < g.lq && lane == 0) a.delta[(int64_t(b) * a.hq + h) * a.sq_max + i] = acc;
+  const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+  if (i < g.lq && lane == 0) a.delta[row] = acc;
+  if (a.dq_acc != nullptr && i < g.lq) {  // the single-pass backward's dQ sums start at zero
+#pragma unroll
+    for (int d = lane; d < D; d += kLanes) a.dq_acc[row * D + d] = 0.f;
+  }
 }
 
 // Shared pieces of the two gradient kernels: one [BQ x BK] step of S, P, dP and dS.
@@ -214,6 +219,11 @@ template <typename T, int D>
 void launch_bwd(const AttnArgs& args) {
   KernelArgs k = make_kernel_args(args);
   k.delta = static_cast<float*>(args.workspace);
+  // A call that allows non-deterministic results takes the single-pass tensor-core kernel, its
+  // fp32 dQ sums after the delta rows (portable_workspace_size)
+  if (!args.p.deterministic && matrix_units_allowed() && tensor_cores_usable())
+    k.dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(args.workspace) +
+                                        delta_workspace_bytes(args.p));
   const cudaStream_t stream = to_stream(args.stream);
   const unsigned hq = static_cast<unsigned>(args.p.num_heads_q);
   const unsigned hkv = static_cast<unsigned>(args.p.num_heads_kv);
@@ -227,6 +237,7 @@ void launch_bwd(const AttnArgs& args) {
     check_launch("attention_delta_kernel");
   }
   // the same choice as portable_forward()
+  if (k.dq_acc != nullptr && backward_atomic_tc(args, k)) return;
   if (matrix_units_allowed() && backward_tc(args, k)) return;
   attention_dkdv_kernel<T, D><<<dim3(k_tiles, hkv, batch), kBwdThreads, 0, stream>>>(k);
   check_launch("attention_dkdv_kernel");

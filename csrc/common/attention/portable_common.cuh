@@ -31,6 +31,7 @@ struct KernelArgs {
   const void* d_o;
   float* lse;
   float* delta;  // backward: rowsum(dO * O), [b, hq, sq_max]
+  float* dq_acc;  // single-pass backward: fp32 dQ sums, [b, hq, sq_max, D]; else null
   void* dq;
   void* dk;
   void* dv;
@@ -156,6 +157,8 @@ __device__ __forceinline__ void zero(float (&acc)[RM][CN]) {
 // Host side: strides and pointers of a validated call.
 KernelArgs make_kernel_args(const AttnArgs& a);
 
+// Bytes of the backward workspace's delta rows (256-byte multiple); the rest of it is dQ sums.
+size_t delta_workspace_bytes(const NVTEAttnParams& p);
 // Whether the matrix-unit kernels may run (nvte_attention_set_portable_variant).
 bool matrix_units_allowed();
 // The tensor-core kernels (portable_fwd_tc.cu, portable_bwd_tc.cu: NVIDIA sm_80+, util/arch.h's
@@ -164,6 +167,10 @@ bool matrix_units_allowed();
 bool tensor_cores_usable();
 bool forward_tc(const AttnArgs& a);
 bool backward_tc(const AttnArgs& a, const KernelArgs& k);
+// The single-pass tensor-core backward (portable_bwd_tc_atomic.cu): dQ summed with fp32 atomics
+// into k.dq_acc, which the delta pass zeroes; false where it cannot run (no accumulator: a
+// deterministic call; no tensor cores).
+bool backward_atomic_tc(const AttnArgs& a, const KernelArgs& k);
 
 }  // namespace portable
 }  // namespace attention

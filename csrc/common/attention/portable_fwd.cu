@@ -189,10 +189,20 @@ void portable_check(const NVTEAttnParams& p) {
                    "<= 65535)");
 }
 
-size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
-  if (!is_backward) return 0;
+size_t portable::delta_workspace_bytes(const NVTEAttnParams& p) {
   const size_t rows = size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.max_seqlen_q);
   return ((rows * sizeof(float) + 255) / 256) * 256;
+}
+
+size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
+  if (!is_backward) return 0;
+  // delta rows; a non-deterministic call also fp32 dQ sums (portable_bwd_tc_atomic.cu), asked
+  // for whichever kernel then runs, so that the size does not depend on the device
+  size_t bytes = portable::delta_workspace_bytes(p);
+  if (!p.deterministic)
+    bytes += size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.max_seqlen_q) *
+             size_t(p.head_dim_qk) * sizeof(float);
+  return bytes;
 }
 
 namespace {

@@ -1,12 +1,13 @@
 // Portable attention forward on the tensor cores at register level (portable_tc.cuh), the
 // NVIDIA sm_80+ path; forward_tc() declines elsewhere and portable_forward() falls back.
 //
-// One block per (BQ = 16 * WARPS query rows, query head, sequence); warp w owns rows 16w..16w+15.
-// Key/value tiles of 64 rows stream through two shared-memory stages with cp.async, the next
-// tile's copy overlapping this tile's products. Per tile and warp: S = Q K^T in accumulator
-// fragments, the online softmax on them (row max and sum over the four lanes of a row, log2
-// domain), P packed in place into A fragments, O += P V. Heavy (late, for causal masks) query
-// tiles are scheduled first.
+// One block per (BQ = 16 * MT * WARPS query rows, query head, sequence); warp w owns the MT row
+// blocks of 16 at 16 MT w (MT = 2: every K and V fragment read from shared memory feeds two
+// products). Key/value tiles of BK rows stream through two shared-memory stages with cp.async,
+// the next tile's copy overlapping this tile's products. Per tile and warp: S = Q K^T in
+// accumulator fragments, the online softmax on them (row max and sum over the four lanes of a
+// row, log2 domain), P packed in place into A fragments, O += P V. Heavy (late, for causal
+// masks) query tiles are scheduled first.
 #include "attention/portable_tc.cuh"
 #include "util/error.h"
 
@@ -17,20 +18,27 @@ namespace portable {
 #if TE_HAS_MMA_SYNC
 namespace {
 
-template <int D>
-struct TcFwdShape {
-  static constexpr int WARPS = 8, BQ = 16 * WARPS, BK = 64, NT = WARPS * tc::kLanes;
+// WARPS x MT x 16 query rows, BK keys per tile, MIN_BLOCKS resident blocks per SM (the register
+// cap: 65536 / (MIN_BLOCKS * 32 WARPS)).
+template <int D, int WARPS_, int MT_, int BK_, int MIN_BLOCKS_>
+struct TcFwdShapeOf {
+  static constexpr int WARPS = WARPS_, MT = MT_, BQ = 16 * MT * WARPS, BK = BK_;
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_, NT = WARPS * tc::kLanes;
   static constexpr int LD = tc::TileRow<D>::LD;
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(BQ) * LD * 2;         // two stages
   static constexpr size_t kV = kK + 2 * size_t(BK) * LD * 2;     // two stages
   static constexpr size_t kBytes = kV + 2 * size_t(BK) * LD * 2;
 };
+// 4 warps of 32 rows: 128 query rows, 64 keys per tile; two blocks per SM (up to 255 registers
+// a thread: O and S take 128 + 64 floats at D = 128).
+template <int D>
+using TcFwdShape = TcFwdShapeOf<D, 4, 2, 64, 2>;
 
-template <typename T, int D>
-__global__ void __launch_bounds__(TcFwdShape<D>::NT, 2) attention_fwd_tc_kernel(KernelArgs a) {
-  using Shape = TcFwdShape<D>;
-  constexpr int BQ = Shape::BQ, BK = Shape::BK, NT = Shape::NT, LD = Shape::LD;
+template <typename T, int D, typename Shape>
+__global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
+    attention_fwd_tc_kernel(KernelArgs a) {
+  constexpr int BQ = Shape::BQ, BK = Shape::BK, NT = Shape::NT, LD = Shape::LD, MT = Shape::MT;
   constexpr int SN = BK / 8, ON = D / 8;  // fragments per S row, per O row
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem + Shape::kQ);
@@ -60,11 +68,17 @@ __global__ void __launch_bounds__(TcFwdShape<D>::NT, 2) attention_fwd_tc_kernel(
   }
   mma_sync::cp_async_commit();
 
-  float o[ON][4];
-  tc::zero_acc(o);
-  float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.f, 0.f};  // rows g and g + 8
-  const int i0 = q0 + warp * 16 + g;
-  const T* q_w = q_s + warp * 16 * LD;
+  float o[MT][ON][4];
+  float m_row[MT][2], l_row[MT][2];  // rows g and g + 8 of each row block
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    tc::zero_acc(o[m]);
+    m_row[m][0] = m_row[m][1] = kNegInf;
+    l_row[m][0] = l_row[m][1] = 0.f;
+  }
+  const int w0 = warp * 16 * MT;  // the warp's first row in the tile
+  const int i0 = q0 + w0 + g;
+  const T* q_w = q_s + w0 * LD;
   int stage = 0;
   for (int k0 = k_first; k0 < hi; k0 += BK, stage ^= 1) {
     mma_sync::cp_async_wait<0>();
@@ -77,65 +91,76 @@ __global__ void __launch_bounds__(TcFwdShape<D>::NT, 2) attention_fwd_tc_kernel(
     }
     mma_sync::cp_async_commit();
 
-    float s[SN][4];
-    tc::zero_acc(s);
-    tc::mma_rows_rows<T, D, BK>(s, q_w, k_s + stage * BK * LD, lane);
-    const bool full = tc::tile_all_visible(a, off, q0, q1, k0, k0 + BK, geo.lk);
+    float s[MT][SN][4];
 #pragma unroll
-    for (int n = 0; n < SN; ++n)
+    for (int m = 0; m < MT; ++m) tc::zero_acc(s[m]);
+    tc::mma_rows_rows_mt<T, D, BK, MT>(s, q_w, k_s + stage * BK * LD, lane);
+    const bool full = tc::tile_all_visible(a, off, q0 + w0, q0 + w0 + 16 * MT, k0, k0 + BK,
+                                           geo.lk);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = i0 + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
-        s[n][e] = (full || visible(a, off, i, j, geo.lq, geo.lk)) ? s[n][e] * a.scale_log2
-                                                                  : kNegInf;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < SN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + 16 * m + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
+          s[m][n][e] = (full || visible(a, off, i, j, geo.lq, geo.lk))
+                           ? s[m][n][e] * a.scale_log2
+                           : kNegInf;
+        }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+        const float m_new = fmaxf(m_row[m][r], tc::quad_max(mx));
+        const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
+        const float alpha = fast_exp2_ftz(m_row[m][r] - m_use);
+        m_row[m][r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < SN; ++n) {
+          s[m][n][2 * r] = fast_exp2_ftz(s[m][n][2 * r] - m_use);
+          s[m][n][2 * r + 1] = fast_exp2_ftz(s[m][n][2 * r + 1] - m_use);
+          sum += s[m][n][2 * r] + s[m][n][2 * r + 1];
+        }
+        l_row[m][r] = l_row[m][r] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < ON; ++n) {
+          o[m][n][2 * r] *= alpha;
+          o[m][n][2 * r + 1] *= alpha;
+        }
       }
+    uint32_t p[MT][BK / 16][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = kNegInf;
-#pragma unroll
-      for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      const float m_new = fmaxf(m_row[r], tc::quad_max(mx));
-      const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
-      const float alpha = fast_exp2_ftz(m_row[r] - m_use);
-      m_row[r] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < SN; ++n) {
-        s[n][2 * r] = fast_exp2_ftz(s[n][2 * r] - m_use);
-        s[n][2 * r + 1] = fast_exp2_ftz(s[n][2 * r + 1] - m_use);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      l_row[r] = l_row[r] * alpha + sum;
-#pragma unroll
-      for (int n = 0; n < ON; ++n) {
-        o[n][2 * r] *= alpha;
-        o[n][2 * r + 1] *= alpha;
-      }
-    }
-    uint32_t p[BK / 16][4];
-    tc::pack_a<T, BK>(p, s);
-    tc::mma_frag_rows<T, D, BK>(o, p, v_s + stage * BK * LD, lane);
+    for (int m = 0; m < MT; ++m) tc::pack_a<T, BK>(p[m], s[m]);
+    tc::mma_frag_rows_mt<T, D, BK, MT>(o, p, v_s + stage * BK * LD, lane);
   }
   mma_sync::cp_async_wait<0>();  // nothing may be in flight when the block exits
 
-  float inv[2];
+  T* og = static_cast<T*>(a.o) + geo.q_base + int64_t(h) * D;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = tc::quad_sum(l_row[r]);
-    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-    const int i = i0 + 8 * r;
-    if (quad == 0 && i < geo.lq)
-      a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
-          sum > 0.f ? (m_row[r] + log2f(sum)) / kLog2e : kNegInf;
+  for (int m = 0; m < MT; ++m) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = tc::quad_sum(l_row[m][r]);
+      inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+      const int i = i0 + 16 * m + 8 * r;
+      if (quad == 0 && i < geo.lq)
+        a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
+            sum > 0.f ? (m_row[m][r] + log2f(sum)) / kLog2e : kNegInf;
+    }
+    tc::store_acc<T, D>(o[m], og, a.q_tok_stride, q0 + w0 + 16 * m, geo.lq, inv[0], inv[1],
+                        lane);
   }
-  tc::store_acc<T, D>(o, static_cast<T*>(a.o) + geo.q_base + int64_t(h) * D, a.q_tok_stride,
-                      q0 + warp * 16, geo.lq, inv[0], inv[1], lane);
 }
 
-template <typename T, int D>
+template <typename T, int D, typename Shape = TcFwdShape<D>>
 void launch_fwd_tc(const AttnArgs& args) {
-  using Shape = TcFwdShape<D>;
-  auto kernel = attention_fwd_tc_kernel<T, D>;
+  auto kernel = attention_fwd_tc_kernel<T, D, Shape>;
   // Every call, not once: the attribute belongs to the current device's context.
   if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                            cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -100,6 +100,54 @@ __device__ __forceinline__ void mma_frag_rows(float (&acc)[D / 8][4], const uint
   }
 }
 
+// The same two products for a warp that owns MT row blocks of 16 (MT * 16 rows): every B
+// fragment read from shared memory feeds MT products instead of one, which halves (MT = 2) the
+// shared-memory traffic per product; that traffic, not the tensor cores, bounds the MT = 1 form.
+template <typename T, int D, int N, int MT>
+__device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][N / 8][4], const T* a_s,
+                                                 const T* b_s, int lane) {
+  constexpr int LD = TileRow<D>::LD;
+  const T* a_row = a_s + (lane % 16) * LD + 8 * (lane / 16);
+  const T* b_row = b_s + ((lane % 8) + 8 * (lane / 16)) * LD + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) ldmatrix_x4(a[m], a_row + 16 * m * LD + 16 * kk);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_row + 16 * np * LD + 16 * kk);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma_sync::mma16816<T>(acc[m][2 * np], a[m], b[0], b[1]);
+        mma_sync::mma16816<T>(acc[m][2 * np + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int N, int MT>
+__device__ __forceinline__ void mma_frag_rows_mt(float (&acc)[MT][D / 8][4],
+                                                 const uint32_t (&p)[MT][N / 16][4],
+                                                 const T* b_s, int lane) {
+  constexpr int LD = TileRow<D>::LD;
+  const T* b_row = b_s + (lane % 16) * LD + 8 * (lane / 16);
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_row + 16 * kk * LD + 16 * dp);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma_sync::mma16816<T>(acc[m][2 * dp], p[m][kk], b[0], b[1]);
+        mma_sync::mma16816<T>(acc[m][2 * dp + 1], p[m][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // The accumulator [16 x N] as A fragments of a product over its N columns, in T.
 template <typename T, int N>
 __device__ __forceinline__ void pack_a(uint32_t (&p)[N / 16][4], const float (&s)[N / 8][4]) {

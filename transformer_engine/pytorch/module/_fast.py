@@ -19,26 +19,13 @@ _CODE = native.DTYPE_CODE
 _AMAX_MOST_RECENT = 1
 
 
-_raw_stream_of_index = native._raw_stream_of_index
-
-
-def raw_stream(device: torch.device) -> int:
-    """The current stream's handle (torch's raw query: no Stream object is made)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _raw_stream_of_index is not None:
-        return _raw_stream_of_index(index)
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 class NativeCall:
     """The native module, stream and GEMM workspace of one module call."""
     __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device")
 
     def __init__(self, mod, device):
         self.mod, self.device = mod, device
-        # a CUDA tensor's device always has its index (raw_stream() covers bare devices)
-        self.stream = (_raw_stream_of_index(device.index) if _raw_stream_of_index is not None
-                       else raw_stream(device))
+        self.stream = native.stream_handle(device.index)
         self.use_workspace_of_stream()
 
     def use_workspace_of_stream(self):
@@ -61,8 +48,7 @@ def native_call_again(forward_call, x: torch.Tensor):
     current now (autograd may run the backward on another), unless the backward is traced."""
     if forward_call is None or torch.compiler.is_compiling():
         return native_call(x)
-    stream = (_raw_stream_of_index(forward_call.device.index)
-              if _raw_stream_of_index is not None else raw_stream(forward_call.device))
+    stream = native.stream_handle(forward_call.device.index)
     if stream != forward_call.stream:
         forward_call.stream = stream
         forward_call.use_workspace_of_stream()

@@ -1,0 +1,275 @@
+// Portable attention backward on the tensor cores, single pass, for calls that allow
+// non-deterministic results (params.deterministic false): dQ is summed with fp32 atomics inside
+// the dK/dV pass instead of a second pass that computes S and dP again. Five products per
+// (query tile, key tile) pair instead of the deterministic scheme's seven (portable_bwd_tc.cu);
+// the order of the atomic additions, hence dQ's last bits, varies from run to run.
+//
+// After the delta pass (portable_bwd.cu, which also zeroes the fp32 dQ accumulator
+// dq_acc [b, hq, sq_max, D] in the workspace), one block per (BO = 16 * WARPS keys, kv head,
+// sequence); warp w owns 16 keys and walks every 64-query tile of the heads of its GQA group
+// (Q, dO and their row statistics stream through two shared-memory stages with cp.async):
+//   P^T = exp2(K Q^T - lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
+//   dK += dS^T Q, all in registers (portable_tc.cuh); then dS^T goes to shared memory (16-bit)
+//   and, after a block barrier, warp w computes dQ_part = dS K for 16 queries x D / 2 columns of
+//   the tile over the block's BO keys and adds it to dq_acc (red.global.add).
+// A last kernel writes dq = scale * dq_acc in the output dtype.
+#include "attention/portable_tc.cuh"
+#include "util/error.h"
+
+namespace te {
+namespace attention {
+namespace portable {
+
+#if TE_HAS_MMA_SYNC
+namespace {
+
+template <int D, int MIN_BLOCKS_>
+struct TcAtomicShapeOf {
+  static constexpr int WARPS = 8, BO = 16 * WARPS;  // keys the block owns
+  static constexpr int BS = 64;                     // queries per streamed tile
+  static constexpr int NT = WARPS * tc::kLanes;
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;  // resident blocks per SM: the register cap
+  static constexpr int LD = tc::TileRow<D>::LD;
+  static constexpr int LDS = BS + 8;  // dS^T rows: 16 bytes apart in bank terms, as LD
+  static constexpr size_t kOwnTile = size_t(BO) * LD * 2;
+  static constexpr size_t kStreamTile = size_t(BS) * LD * 2;
+  static constexpr size_t kStream = 2 * kOwnTile;                  // K, V, then the stages
+  static constexpr size_t kRowStats = kStream + 4 * kStreamTile;   // per stage: Q, dO
+  static constexpr size_t kDs = kRowStats + 4 * size_t(BS) * 4;    // per stage: lse2, delta
+  static constexpr size_t kBytes = kDs + size_t(BO) * LDS * 2;
+  static_assert((BS / 16) * 2 == WARPS, "each warp takes 16 queries x D / 2 of the dQ part");
+};
+// D = 64 fits two blocks per SM in shared memory (~92 KB each); D = 128 one (~160 KB)
+template <int D>
+using TcAtomicShape = TcAtomicShapeOf<D, D == 64 ? 2 : 1>;
+
+// dst[0] += x, dst[1] += y (8-byte aligned), without reading the result back.
+__device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
+template <typename T, int D, typename Shape>
+__global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
+    attention_bwd_atomic_tc_kernel(KernelArgs a) {
+  constexpr int BO = Shape::BO, BS = Shape::BS, NT = Shape::NT, LD = Shape::LD,
+                LDS = Shape::LDS;
+  constexpr int SN = BS / 8, ON = D / 8, HALF = D / 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* k_s = reinterpret_cast<T*>(smem);
+  T* v_s = reinterpret_cast<T*>(smem + Shape::kOwnTile);
+  T* q_s = reinterpret_cast<T*>(smem + Shape::kStream);  // stage st: Q at q_s + 2 st BS LD, dO
+  float* stats_s = reinterpret_cast<float*>(smem + Shape::kRowStats);  // stage st: lse2, delta
+  T* ds_s = reinterpret_cast<T*>(smem + Shape::kDs);  // dS^T [BO keys x BS queries]
+  const int warp = threadIdx.x / tc::kLanes, lane = threadIdx.x % tc::kLanes;
+  const int g = lane / 4, quad = lane % 4;
+
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int k0 = blockIdx.x * BO;  // early keys (the most queries under a causal mask) first
+  const SeqGeom geo = seq_geom(a, b);
+  if (k0 >= geo.lk) return;
+  const int k1 = min(k0 + BO, geo.lk);
+  const int off = diag_offset(a, geo);
+  const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
+  tc::load_tile_async<T, BO, D, NT>(k_s, static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride,
+                                    k0, geo.lk);
+  tc::load_tile_async<T, BO, D, NT>(v_s, static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride,
+                                    k0, geo.lk);
+  int lo, hi;
+  query_range(a, off, k0, k1, geo.lq, &lo, &hi);
+  const int q_first = (lo / BS) * BS;
+  const int group = a.hq / a.hkv;
+  const int tiles_per_head = hi > q_first ? (hi - q_first + BS - 1) / BS : 0;
+  const int steps = tiles_per_head * group;
+
+  // issues the copies of step `step` (head hk * group + step / tiles, query tile step % tiles)
+  auto issue = [&](int step, int st) {
+    const int h = hk * group + step / tiles_per_head;
+    const int q0 = q_first + (step % tiles_per_head) * BS;
+    const int64_t head = geo.q_base + int64_t(h) * D;
+    T* dst = q_s + 2 * st * BS * LD;
+    tc::load_tile_async<T, BS, D, NT>(dst, static_cast<const T*>(a.q) + head, a.q_tok_stride, q0,
+                                      geo.lq);
+    tc::load_tile_async<T, BS, D, NT>(dst + BS * LD, static_cast<const T*>(a.d_o) + head,
+                                      a.q_tok_stride, q0, geo.lq);
+    float* stats = stats_s + 2 * st * BS;
+    for (int rr = threadIdx.x; rr < BS; rr += NT) {
+      const int i = q0 + rr;
+      const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+      stats[rr] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
+      stats[BS + rr] = i < geo.lq ? a.delta[row] : 0.f;
+    }
+  };
+  if (steps > 0) issue(0, 0);
+  mma_sync::cp_async_commit();
+
+  float dk[ON][4], dv[ON][4];
+  tc::zero_acc(dk);
+  tc::zero_acc(dv);
+  const int j0 = k0 + warp * 16 + g;  // this lane's keys: j0, j0 + 8
+  const T* k_w = k_s + warp * 16 * LD;
+  const T* v_w = v_s + warp * 16 * LD;
+  // the dQ part of this warp: queries 16 qm .. +15 of the tile, columns HALF dh .. +HALF-1
+  const int qm = warp % (BS / 16), dh = warp / (BS / 16);
+  // A = dS [16 queries x 16 keys] from dS^T rows (keys) read transposed: matrix m = lane / 8
+  // holds keys 8 (m / 2) .., queries 8 (m % 2) ..
+  const T* ds_row = ds_s + ((lane % 8) + 8 * (lane / 16)) * LDS + qm * 16 + 8 * ((lane / 8) % 2);
+  // B = K [16 keys x 16 columns], read transposed as in mma_frag_rows
+  const T* kb_row = k_s + (lane % 16) * LD + 8 * (lane / 16) + dh * HALF;
+  for (int step = 0; step < steps; ++step) {
+    const int st = step & 1;
+    mma_sync::cp_async_wait<0>();
+    __syncthreads();  // tiles landed; every warp is done with the other stage and with ds_s
+    if (step + 1 < steps) issue(step + 1, st ^ 1);
+    mma_sync::cp_async_commit();
+    const int h = hk * group + step / tiles_per_head;
+    const int q0 = q_first + (step % tiles_per_head) * BS;
+    const T* qt = q_s + 2 * st * BS * LD;
+    const T* dot = qt + BS * LD;
+    const float* lse2 = stats_s + 2 * st * BS;
+    const float* delta = lse2 + BS;
+
+    // P^T [16 keys x BS queries]
+    float s[SN][4];
+    tc::zero_acc(s);
+    tc::mma_rows_rows<T, D, BS>(s, k_w, qt, lane);
+    const bool full = tc::tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
+#pragma unroll
+    for (int n = 0; n < SN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + 2 * quad + (e % 2);
+        const int i = q0 + col, j = j0 + 8 * (e / 2);
+        const float l2 = lse2[col];
+        const bool live = l2 != kNegInf && (full || visible(a, off, i, j, geo.lq, geo.lk));
+        s[n][e] = live ? fast_exp2_ftz(fmaf(s[n][e], a.scale_log2, -l2)) : 0.f;
+      }
+    uint32_t p[BS / 16][4];
+    tc::pack_a<T, BS>(p, s);
+    tc::mma_frag_rows<T, D, BS>(dv, p, dot, lane);
+    // dP^T, then dS^T = P^T (dP^T - delta), reusing s
+    tc::zero_acc(s);
+    tc::mma_rows_rows<T, D, BS>(s, v_w, dot, lane);
+#pragma unroll
+    for (int n = 0; n < SN; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 pv = tc::packed_pair<T, BS>(p, n, half);
+        const int col = n * 8 + 2 * quad;
+        s[n][2 * half] = pv.x * (s[n][2 * half] - delta[col]);
+        s[n][2 * half + 1] = pv.y * (s[n][2 * half + 1] - delta[col + 1]);
+      }
+    tc::pack_a<T, BS>(p, s);
+    // dS^T rows of this warp's keys into ds_s: word (n, half) of the packed rows holds row
+    // g + 8 half, columns 8 n + 2 quad .. +1 (pack_a's layout)
+#pragma unroll
+    for (int n = 0; n < SN; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(ds_s + (warp * 16 + g + 8 * half) * LDS + n * 8 +
+                                     2 * quad) = p[n / 2][(n % 2) * 2 + half];
+    tc::mma_frag_rows<T, D, BS>(dk, p, qt, lane);
+    __syncthreads();  // every warp's dS^T rows are in ds_s
+
+    // dQ_part [16 queries x HALF] over the block's BO keys. Keys past the sequence have dS^T
+    // rows from zero-filled K rows; their K rows in k_s are zero, so they add nothing.
+    float dq[HALF / 8][4];
+    tc::zero_acc(dq);
+#pragma unroll
+    for (int kb = 0; kb < BO / 16; ++kb) {
+      uint32_t af[4];
+      mma_sync::ldmatrix_x4_trans(af, ds_row + kb * 16 * LDS);
+#pragma unroll
+      for (int dp = 0; dp < HALF / 16; ++dp) {
+        uint32_t bf[4];
+        mma_sync::ldmatrix_x4_trans(bf, kb_row + kb * 16 * LD + 16 * dp);
+        mma_sync::mma16816<T>(dq[2 * dp], af, bf[0], bf[1]);
+        mma_sync::mma16816<T>(dq[2 * dp + 1], af, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = q0 + qm * 16 + g + 8 * half;
+      if (i >= geo.lq) continue;
+      float* row = a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + dh * HALF + 2 * quad;
+#pragma unroll
+      for (int n = 0; n < HALF / 8; ++n) red_add_pair(row + n * 8, dq[n][2 * half], dq[n][2 * half + 1]);
+    }
+  }
+  mma_sync::cp_async_wait<0>();
+  tc::store_acc<T, D>(dk, static_cast<T*>(a.dk) + kv_head, a.kv_tok_stride, k0 + warp * 16,
+                      geo.lk, a.scale, a.scale, lane);
+  tc::store_acc<T, D>(dv, static_cast<T*>(a.dv) + kv_head, a.kv_tok_stride, k0 + warp * 16,
+                      geo.lk, 1.f, 1.f, lane);
+}
+
+// dq = scale * dq_acc, four elements per thread; rows past a sequence's length are left alone.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) attention_dq_convert_kernel(KernelArgs a) {
+  constexpr int kQuads = D / 4;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int idx = blockIdx.x * 256 + threadIdx.x;
+  const int i = idx / kQuads, c = (idx % kQuads) * 4;
+  const SeqGeom geo = seq_geom(a, b);
+  if (i >= geo.lq) return;
+  const float4 v = *reinterpret_cast<const float4*>(
+      a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + c);
+  uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<T*>(a.dq) + geo.q_base +
+                                              int64_t(i) * a.q_tok_stride + int64_t(h) * D + c);
+  out[0] = mma_sync::pack2<T>(v.x * a.scale, v.y * a.scale);
+  out[1] = mma_sync::pack2<T>(v.z * a.scale, v.w * a.scale);
+}
+
+template <typename T, int D, typename Shape = TcAtomicShape<D>>
+void launch_bwd_atomic_tc(const AttnArgs& args, const KernelArgs& k) {
+  const cudaStream_t stream = to_stream(args.stream);
+  auto kernel = attention_bwd_atomic_tc_kernel<T, D, Shape>;
+  // Every call: the attribute belongs to the current device's context.
+  if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Shape::kBytes)) != cudaSuccess)
+    throw Error(kNVTEDeviceError, concat("could not grant ", Shape::kBytes,
+                                         " bytes of shared memory to "
+                                         "attention_bwd_atomic_tc_kernel"));
+  const unsigned batch = static_cast<unsigned>(args.p.batch);
+  const unsigned k_tiles =
+      static_cast<unsigned>((args.p.max_seqlen_kv + Shape::BO - 1) / Shape::BO);
+  kernel<<<dim3(k_tiles, static_cast<unsigned>(args.p.num_heads_kv), batch), Shape::NT,
+           Shape::kBytes, stream>>>(k);
+  check_launch("attention_bwd_atomic_tc_kernel");
+  const unsigned row_blocks =
+      static_cast<unsigned>((args.p.max_seqlen_q * (D / 4) + 255) / 256);
+  if (row_blocks == 0) return;
+  attention_dq_convert_kernel<T, D>
+      <<<dim3(row_blocks, static_cast<unsigned>(args.p.num_heads_q), batch), 256, 0, stream>>>(k);
+  check_launch("attention_dq_convert_kernel");
+}
+
+}  // namespace
+
+bool backward_atomic_tc(const AttnArgs& args, const KernelArgs& k) {
+  if (k.dq_acc == nullptr || !tensor_cores_usable()) return false;
+  const bool d64 = args.p.head_dim_qk == 64;
+  if (args.p.dtype == kNVTEFloat16) {
+    if (d64) launch_bwd_atomic_tc<fp16, 64>(args, k);
+    else launch_bwd_atomic_tc<fp16, 128>(args, k);
+  } else {
+    if (d64) launch_bwd_atomic_tc<bf16, 64>(args, k);
+    else launch_bwd_atomic_tc<bf16, 128>(args, k);
+  }
+  return true;
+}
+
+#else
+
+bool backward_atomic_tc(const AttnArgs&, const KernelArgs&) { return false; }
+
+#endif  // TE_HAS_MMA_SYNC
+
+}  // namespace portable
+}  // namespace attention
+}  // namespace te
