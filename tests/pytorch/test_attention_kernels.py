@@ -36,8 +36,9 @@ CASES = [
     ("bshd_decode_br", "bshd", "causal_bottom_right", 4, 2, [1, 1], [300, 300], 128, (-1, -1), True),
     ("bshd_causal_long", "bshd", "causal", 2, 2, [515, 515], [515, 515], 128, (-1, -1), True),
     ("thd_causal_window", "thd", "padding_causal", 4, 4, [100, 33], [100, 33], 64, (20, 0), True),
-    # several query and key tiles of the tensor-core kernels (128 x 64 forward, 64 x 64
-    # backward) with ragged ends; queries that see no key inside a tile row (bottom-right, lq > lk)
+    # several query and key tiles of the tensor-core kernels (forward: 128 queries x 64 keys at
+    # d128, x 128 at d64; backward: 128 keys x 64 queries single pass, 64 x 64 deterministic)
+    # with ragged ends; queries that see no key inside a tile row (bottom-right, lq > lk)
     ("bshd_nomask_tiles_gqa_d128", "bshd", "no_mask", 4, 2, [300, 300], [333, 333], 128, (-1, -1), True),
     ("bshd_causal_br_keyless_rows", "bshd", "causal_bottom_right", 2, 2, [200, 200], [77, 77], 64, (-1, -1), False),
 ]
@@ -218,6 +219,31 @@ def test_autograd_function_and_determinism():
         assert torch.equal(g1, g2), "the portable backward is deterministic"
     r = reference(q, k, v, d_out, kw)
     assert_close(grads[0][0], r[2], torch.bfloat16, 2.0, "dq")
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_portable_backward_both_schemes(case):
+    """The portable backward's two schemes on the same forward: deterministic=True (dK/dV and dQ
+    passes, no atomics; bit for bit reproducible) and the default single pass (dQ summed with
+    fp32 atomics on the tensor cores), each against the reference."""
+    dtype = torch.bfloat16
+    q, k, v, d_out, kw = make_inputs(case, dtype, "cuda", seed=3)
+    out, lse, rng = A.fused_attention_forward(q, k, v, backend="portable", **kw)
+    want = reference(q, k, v, d_out, kw)[2:]
+    first = {}
+    for deterministic in (True, False, True, False):
+        grads = A.fused_attention_backward(q, k, v, out, d_out, lse, rng, backend="portable",
+                                           deterministic=deterministic, **kw)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+            assert torch.isfinite(got.float()).all(), f"{name}: not finite"
+            assert_close(got, ref, dtype, 2.0, f"{name} (deterministic={deterministic})")
+        if deterministic and deterministic in first:
+            for name, a, b in zip(("dq", "dk", "dv"), first[deterministic], grads):
+                assert torch.equal(a, b), f"{name}: the deterministic backward changed"
+        first.setdefault(deterministic, grads)
+    for name, a, b in zip(("dq", "dk", "dv"), first[True], first[False]):
+        assert_close(b, a, dtype, 2.0, f"{name}: single pass vs deterministic")
 
 
 @requires_native_gpu
