@@ -87,11 +87,12 @@ class _LinearFn(torch.autograd.Function):
         # checkpointed steps then run the same backward kernels, bit for bit
         nc = (_fast.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and _fast.usable_backward(fi)
               else None)
-        # the direct path takes the bias gradient from the pass over dy it makes anyway: FP8, its
-        # cast of dy; high precision, the wgrad GEMM's epilogue (dW's dtype, so not into an fp32
-        # main_grad)
+        # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
+        # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
+        # into an fp32 main_grad; see _gemms.bias_grad_in_wgrad_epilogue)
         fused_db = nc is not None and ctx.need_wgrad and ctx.has_bias_grad and (
-            ctx.fp8 or (not ctx.fuse and ctx.bias_dtype == ctx.dtype))
+            ctx.fp8 or (not ctx.fuse and ctx.bias_dtype == ctx.dtype
+                        and _gemms.bias_grad_in_wgrad_epilogue(dy)))
         db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad and not fused_db else None
         if ctx.fp8:
             saved = ctx.saved_tensors
