@@ -23,10 +23,10 @@ namespace portable {
 #if TE_HAS_MMA_SYNC
 namespace {
 
-template <int D, int MIN_BLOCKS_>
+template <int D, int MIN_BLOCKS_, int BS_ = 64>
 struct TcAtomicShapeOf {
   static constexpr int WARPS = 8, BO = 16 * WARPS;  // keys the block owns
-  static constexpr int BS = 64;                     // queries per streamed tile
+  static constexpr int BS = BS_;                    // queries per streamed tile
   static constexpr int NT = WARPS * tc::kLanes;
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;  // resident blocks per SM: the register cap
   static constexpr int LD = tc::TileRow<D>::LD;
@@ -37,7 +37,9 @@ struct TcAtomicShapeOf {
   static constexpr size_t kRowStats = kStream + 4 * kStreamTile;   // per stage: Q, dO
   static constexpr size_t kDs = kRowStats + 4 * size_t(BS) * 4;    // per stage: lse2, delta
   static constexpr size_t kBytes = kDs + size_t(BO) * LDS * 2;
-  static_assert((BS / 16) * 2 == WARPS, "each warp takes 16 queries x D / 2 of the dQ part");
+  // the dQ part [BS x D] of a step splits into WARPS pieces of 16 queries x DQ_COLS columns
+  static constexpr int DQ_COLS = D * (BS / 16) / WARPS;
+  static_assert(DQ_COLS % 16 == 0 && WARPS % (BS / 16) == 0, "dQ part split");
 };
 // D = 64 fits two blocks per SM in shared memory (~92 KB each); D = 128 one (~160 KB)
 template <int D>
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     attention_bwd_atomic_tc_kernel(KernelArgs a) {
   constexpr int BO = Shape::BO, BS = Shape::BS, NT = Shape::NT, LD = Shape::LD,
                 LDS = Shape::LDS;
-  constexpr int SN = BS / 8, ON = D / 8, HALF = D / 2;
+  constexpr int SN = BS / 8, ON = D / 8, DQC = Shape::DQ_COLS;
   extern __shared__ __align__(128) unsigned char smem[];
   T* k_s = reinterpret_cast<T*>(smem);
   T* v_s = reinterpret_cast<T*>(smem + Shape::kOwnTile);
@@ -114,13 +116,14 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   const int j0 = k0 + warp * 16 + g;  // this lane's keys: j0, j0 + 8
   const T* k_w = k_s + warp * 16 * LD;
   const T* v_w = v_s + warp * 16 * LD;
-  // the dQ part of this warp: queries 16 qm .. +15 of the tile, columns HALF dh .. +HALF-1
+  // the dQ part of this warp: queries 16 qm .. +15 of the tile, columns DQC dh .. +DQC - 1
+  // (DQC = D / 2 with 64-query tiles and 8 warps)
   const int qm = warp % (BS / 16), dh = warp / (BS / 16);
   // A = dS [16 queries x 16 keys] from dS^T rows (keys) read transposed: matrix m = lane / 8
   // holds keys 8 (m / 2) .., queries 8 (m % 2) ..
   const T* ds_row = ds_s + ((lane % 8) + 8 * (lane / 16)) * LDS + qm * 16 + 8 * ((lane / 8) % 2);
   // B = K [16 keys x 16 columns], read transposed as in mma_frag_rows
-  const T* kb_row = k_s + (lane % 16) * LD + 8 * (lane / 16) + dh * HALF;
+  const T* kb_row = k_s + (lane % 16) * LD + 8 * (lane / 16) + dh * DQC;
   for (int step = 0; step < steps; ++step) {
     const int st = step & 1;
     mma_sync::cp_async_wait<0>();
@@ -134,58 +137,67 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     const float* lse2 = stats_s + 2 * st * BS;  // lse * log2(e); -inf past the sequence
     const float* delta = lse2 + BS;
 
-    // P^T [16 keys x BS queries]
+    // P^T [16 keys x BS queries] = exp2(S^T scale log2(e) - lse2), masked
+    auto probabilities = [&](float (&s)[SN][4]) {
+      const bool full = tc::tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
+#pragma unroll
+      for (int n = 0; n < SN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + 2 * quad + (e % 2);
+          const float l2 = lse2[col];
+          const bool live = l2 != kNegInf &&
+                            (full || visible(a, off, q0 + col, j0 + 8 * (e / 2), geo.lq, geo.lk));
+          s[n][e] = live ? fast_exp2_ftz(fmaf(s[n][e], a.scale_log2, -l2)) : 0.f;
+        }
+    };
+    // dS^T = P^T (dP^T - delta) in place of dP^T, P^T read back from its packed (rounded) form
+    auto score_grads = [&](float (&dp)[SN][4], const uint32_t (&p)[BS / 16][4]) {
+#pragma unroll
+      for (int n = 0; n < SN; ++n)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 pv = tc::packed_pair<T, BS>(p, n, half);
+          const int col = n * 8 + 2 * quad;
+          dp[n][2 * half] = pv.x * (dp[n][2 * half] - delta[col]);
+          dp[n][2 * half + 1] = pv.y * (dp[n][2 * half + 1] - delta[col + 1]);
+        }
+    };
+    // dS^T rows of this warp's keys into ds_s: word (n, half) of the packed rows holds row
+    // g + 8 half, columns 8 n + 2 quad .. +1 (pack_a's layout)
+    auto publish = [&](const uint32_t (&ds)[BS / 16][4]) {
+#pragma unroll
+      for (int n = 0; n < SN; ++n)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<uint32_t*>(ds_s + (warp * 16 + g + 8 * half) * LDS + n * 8 +
+                                       2 * quad) = ds[n / 2][(n % 2) * 2 + half];
+    };
     float s[SN][4];
     tc::zero_acc(s);
     tc::mma_rows_rows<T, D, BS>(s, k_w, qt, lane);
-    const bool full = tc::tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
-#pragma unroll
-    for (int n = 0; n < SN; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n * 8 + 2 * quad + (e % 2);
-        const int i = q0 + col, j = j0 + 8 * (e / 2);
-        const float l2 = lse2[col];
-        const bool live = l2 != kNegInf && (full || visible(a, off, i, j, geo.lq, geo.lk));
-        s[n][e] = live ? fast_exp2_ftz(fmaf(s[n][e], a.scale_log2, -l2)) : 0.f;
-      }
+    probabilities(s);
     uint32_t p[BS / 16][4];
     tc::pack_a<T, BS>(p, s);
     tc::mma_frag_rows<T, D, BS>(dv, p, dot, lane);
-    // dP^T, then dS^T = P^T (dP^T - delta), reusing s
-    tc::zero_acc(s);
+    tc::zero_acc(s);  // dP^T, then dS^T in place
     tc::mma_rows_rows<T, D, BS>(s, v_w, dot, lane);
-#pragma unroll
-    for (int n = 0; n < SN; ++n)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float2 pv = tc::packed_pair<T, BS>(p, n, half);
-        const int col = n * 8 + 2 * quad;
-        s[n][2 * half] = pv.x * (s[n][2 * half] - delta[col]);
-        s[n][2 * half + 1] = pv.y * (s[n][2 * half + 1] - delta[col + 1]);
-      }
+    score_grads(s, p);
     tc::pack_a<T, BS>(p, s);
-    // dS^T rows of this warp's keys into ds_s: word (n, half) of the packed rows holds row
-    // g + 8 half, columns 8 n + 2 quad .. +1 (pack_a's layout)
-#pragma unroll
-    for (int n = 0; n < SN; ++n)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<uint32_t*>(ds_s + (warp * 16 + g + 8 * half) * LDS + n * 8 +
-                                     2 * quad) = p[n / 2][(n % 2) * 2 + half];
+    publish(p);
     tc::mma_frag_rows<T, D, BS>(dk, p, qt, lane);
     __syncthreads();  // every warp's dS^T rows are in ds_s
 
-    // dQ_part [16 queries x HALF] over the block's BO keys. Keys past the sequence have dS^T
+    // dQ_part [16 queries x DQC] over the block's BO keys. Keys past the sequence have dS^T
     // rows from zero-filled K rows; their K rows in k_s are zero, so they add nothing.
-    float dq[HALF / 8][4];
+    float dq[DQC / 8][4];
     tc::zero_acc(dq);
 #pragma unroll
     for (int kb = 0; kb < BO / 16; ++kb) {
       uint32_t af[4];
       mma_sync::ldmatrix_x4_trans(af, ds_row + kb * 16 * LDS);
 #pragma unroll
-      for (int dp = 0; dp < HALF / 16; ++dp) {
+      for (int dp = 0; dp < DQC / 16; ++dp) {
         uint32_t bf[4];
         mma_sync::ldmatrix_x4_trans(bf, kb_row + kb * 16 * LD + 16 * dp);
         mma_sync::mma16816<T>(dq[2 * dp], af, bf[0], bf[1]);
@@ -196,9 +208,11 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     for (int half = 0; half < 2; ++half) {
       const int i = q0 + qm * 16 + g + 8 * half;
       if (i >= geo.lq) continue;
-      float* row = a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + dh * HALF + 2 * quad;
+      float* row =
+          a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + dh * DQC + 2 * quad;
 #pragma unroll
-      for (int n = 0; n < HALF / 8; ++n) red_add_pair(row + n * 8, dq[n][2 * half], dq[n][2 * half + 1]);
+      for (int n = 0; n < DQC / 8; ++n) red_add_pair(row + n * 8, dq[n][2 * half],
+                                                 dq[n][2 * half + 1]);
     }
   }
   mma_sync::cp_async_wait<0>();

@@ -20,23 +20,28 @@ namespace {
 
 // WARPS x MT x 16 query rows, BK keys per tile, MIN_BLOCKS resident blocks per SM (the register
 // cap: 65536 / (MIN_BLOCKS * 32 WARPS)).
-template <int D, int WARPS_, int MT_, int BK_, int MIN_BLOCKS_>
+template <int D, int WARPS_, int MT_, int BK_, int MIN_BLOCKS_, bool SPLIT_MASK_>
 struct TcFwdShapeOf {
   static constexpr int WARPS = WARPS_, MT = MT_, BQ = 16 * MT * WARPS, BK = BK_;
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_, NT = WARPS * tc::kLanes;
+  // SPLIT_MASK: tiles without a masked element take a loop without the per-element mask test
+  // (a warp-uniform branch), and row max / sum are trees; more code, hence registers
+  static constexpr bool SPLIT_MASK = SPLIT_MASK_;
   static constexpr int LD = tc::TileRow<D>::LD;
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(BQ) * LD * 2;         // two stages
   static constexpr size_t kV = kK + 2 * size_t(BK) * LD * 2;     // two stages
   static constexpr size_t kBytes = kV + 2 * size_t(BK) * LD * 2;
 };
-// 8 warps of 16 rows: 128 query rows; 64 keys per tile at D = 128, 128 at D = 64 (+4-8% over 64);
-// two blocks per SM (128 registers a thread). Measured on an H100 against 4 warps of 32 rows
-// (MT = 2: half the shared-memory traffic, but 8 warps an SM instead of 16, and latency-bound:
-// 8-15% slower), and against the scale folded into the exponent's multiply-add and a rescale
-// of O skipped while no row max moves (no gain, or losses from register spills at D = 128).
+// 8 warps of 16 rows: 128 query rows; two blocks per SM (128 registers a thread). D = 128: 64
+// keys per tile, SPLIT_MASK (+8-10%); D = 64: 128 keys per tile (+4-8% over 64), no SPLIT_MASK
+// (-40% measured there, with more register spills). Measured on an H100 against 4 warps of 32
+// rows (MT = 2: half the shared-memory traffic, but 8 warps an SM instead of 16, and
+// latency-bound: 8-15% slower), 4 warps x 3 blocks (slower), and against the scale folded into
+// the exponent's multiply-add and a rescale of O skipped while no row max moves (no gain, or
+// spills).
 template <int D>
-using TcFwdShape = TcFwdShapeOf<D, 8, 1, D == 64 ? 128 : 64, 2>;
+using TcFwdShape = TcFwdShapeOf<D, 8, 1, D == 64 ? 128 : 64, 2, D == 128>;
 
 template <typename T, int D, typename Shape>
 __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
@@ -101,24 +106,38 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     tc::mma_rows_rows_mt<T, D, BK, MT>(s, q_w, k_s + stage * BK * LD, lane);
     const bool full = tc::tile_all_visible(a, off, q0 + w0, q0 + w0 + 16 * MT, k0, k0 + BK,
                                            geo.lk);
+    if (Shape::SPLIT_MASK && full) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int n = 0; n < SN; ++n)
+        for (int n = 0; n < SN; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = i0 + 16 * m + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
-          s[m][n][e] = (full || visible(a, off, i, j, geo.lq, geo.lk))
-                           ? s[m][n][e] * a.scale_log2
-                           : kNegInf;
-        }
+          for (int e = 0; e < 4; ++e) s[m][n][e] *= a.scale_log2;
+    } else {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < SN; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + 16 * m + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
+            s[m][n][e] = ((!Shape::SPLIT_MASK && full) || visible(a, off, i, j, geo.lq, geo.lk))
+                             ? s[m][n][e] * a.scale_log2
+                             : kNegInf;
+          }
+    }
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
+        float v[SN];  // row max, then row sum (trees with SPLIT_MASK, else running)
         float mx = kNegInf;
 #pragma unroll
-        for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+        for (int n = 0; n < SN; ++n) {
+          v[n] = fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]);
+          if (!Shape::SPLIT_MASK) mx = fmaxf(mx, v[n]);
+        }
+        if (Shape::SPLIT_MASK) mx = tc::tree_max(v);
         const float m_new = fmaxf(m_row[m][r], tc::quad_max(mx));
         const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
         const float alpha = fast_exp2_ftz(m_row[m][r] - m_use);
@@ -128,8 +147,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
         for (int n = 0; n < SN; ++n) {
           s[m][n][2 * r] = fast_exp2_ftz(s[m][n][2 * r] - m_use);
           s[m][n][2 * r + 1] = fast_exp2_ftz(s[m][n][2 * r + 1] - m_use);
-          sum += s[m][n][2 * r] + s[m][n][2 * r + 1];
+          v[n] = s[m][n][2 * r] + s[m][n][2 * r + 1];
+          if (!Shape::SPLIT_MASK) sum += v[n];
         }
+        if (Shape::SPLIT_MASK) sum = tc::tree_sum(v);
         l_row[m][r] = l_row[m][r] * alpha + sum;
 #pragma unroll
         for (int n = 0; n < ON; ++n) {

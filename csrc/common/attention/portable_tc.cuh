@@ -176,6 +176,24 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + warp_shfl_xor(x, 2);
 }
 
+// Max / sum of N values as a tree (log2 N dependent steps instead of N); v is overwritten.
+template <int N>
+__device__ __forceinline__ float tree_max(float (&v)[N]) {
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int n = 0; n < w; ++n) v[n] = fmaxf(v[n], v[n + w]);
+  return v[0];
+}
+template <int N>
+__device__ __forceinline__ float tree_sum(float (&v)[N]) {
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int n = 0; n < w; ++n) v[n] += v[n + w];
+  return v[0];
+}
+
 // Whether every (query, key) of [q0, q1) x [k0, k1) is visible, keys inside [0, lk): such a tile
 // skips the per-element mask. Rows past the sequence may be counted as visible: their results
 // are never stored.
