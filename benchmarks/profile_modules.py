@@ -74,7 +74,7 @@ def main():
     torch.cuda.synchronize()
     # wall time of a step between events (what the benchmarks time): its excess over the kernel
     # time below is the device idling on the host
-    walls = []
+    walls, steady = [], []
     for _ in range(10):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -82,6 +82,14 @@ def main():
         end.record()
         end.synchronize()
         walls.append(start.elapsed_time(end))
+    for _ in range(10):  # four steps back to back, as the benchmarks time them (the mean of four)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(4):
+            step()
+        end.record()
+        end.synchronize()
+        steady.append(start.elapsed_time(end) / 4)
     steps = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -96,7 +104,8 @@ def main():
     total = sum(t for t, _ in rows.values())
     label = f"{args.module}{' compiled' if args.compile else ''} {args.recipe}"
     print(f"{label}: GPU kernel time per step {total / steps / 1e3:.3f} ms, step between events "
-          f"{sorted(walls)[len(walls) // 2]:.3f} ms (median of {len(walls)})")
+          f"{sorted(walls)[len(walls) // 2]:.3f} ms (median of {len(walls)}), four back to back "
+          f"{sorted(steady)[len(steady) // 2]:.3f} ms per step")
     for name, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"{t / steps / 1e3:8.3f} ms  {n // steps:3d}x  {100 * t / total:5.1f}%  {name}")
     if args.gaps:

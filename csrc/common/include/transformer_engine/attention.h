@@ -43,8 +43,11 @@
  *   The caller provides workspace of nvte_attention_workspace_size() bytes (256-byte aligned).
  *   No host synchronisation. The cuDNN backend caches its built graphs per configuration and
  *   device (host cost is paid on the first call of a configuration).
- *   Determinism: the portable backward is deterministic (no atomics); cuDNN is asked for a
- *   deterministic algorithm when params.deterministic is set, and refuses if it has none.
+ *   Determinism: with params.deterministic set, the portable backward runs three passes without
+ *   atomics (bit-reproducible); otherwise, on NVIDIA sm_80+, one pass that sums dQ with fp32
+ *   atomics into the workspace (dQ's last bits may vary between runs; the workspace then holds
+ *   b * h_q * s_q * d fp32 more). cuDNN is asked for a deterministic algorithm when
+ *   params.deterministic is set, and refuses if it has none.
  */
 #ifndef TRANSFORMER_ENGINE_ATTENTION_H_
 #define TRANSFORMER_ENGINE_ATTENTION_H_
