@@ -137,6 +137,14 @@ def print_gaps(path, steps, top=25):
     for prev, cur in zip(kernels, kernels[1:]):
         gap = cur["ts"] - (prev["ts"] + prev.get("dur", 0))
         gaps.append((gap, prev, cur))
+    # host calls that can stall the device queue (a sync empties it; an allocation may sync)
+    stalls = {}
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and any(w in e["name"] for w in
+                                                   ("ynchronize", "Memcpy", "Malloc", "Free", "Query")):
+            stalls[e["name"]] = stalls.get(e["name"], 0) + 1
+    print("host runtime calls that may stall, per step: "
+          + (", ".join(f"{k} {v / steps:g}" for k, v in sorted(stalls.items())) or "none"))
     busy = sum(k.get("dur", 0) for k in kernels)
     idle = sum(g for g, _, _ in gaps if g > 0)
     print(f"trace {path}: {len(kernels)} device events, busy {busy / steps / 1e3:.3f} ms/step, "
