@@ -55,59 +55,18 @@ __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
     for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 }
 
-// acc[16 x N] += A[16 x D] . B[N x D]^T; A's 16 rows and B's N rows in shared memory.
-template <typename T, int D, int N>
-__device__ __forceinline__ void mma_rows_rows(float (&acc)[N / 8][4], const T* a_s, const T* b_s,
-                                              int lane) {
+// acc[m][16 x N] += A[16 x D] . B[N x D]^T for the MT row blocks m of 16 rows of A (a warp that
+// owns MT * 16 rows); A's rows and B's N rows in shared memory. Every B fragment read from shared
+// memory feeds MT products instead of one, which halves (MT = 2) the shared-memory traffic per
+// product; that traffic, not the tensor cores, bounds the MT = 1 form.
+template <typename T, int D, int N, int MT>
+__device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][N / 8][4], const T* a_s,
+                                                 const T* b_s, int lane) {
   constexpr int LD = TileRow<D>::LD;
   // A: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15), lane l gives row l % 16, col 8 (l / 16)
   const T* a_row = a_s + (lane % 16) * LD + 8 * (lane / 16);
   // B: lane l gives row (l % 8) + 8 (l / 16), col 8 ((l / 8) % 2): words 0, 1 are b0, b1 of
   // the first 8 rows, words 2, 3 those of the next 8
-  const T* b_row = b_s + ((lane % 8) + 8 * (lane / 16)) * LD + 8 * ((lane / 8) % 2);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, a_row + 16 * kk);
-#pragma unroll
-    for (int np = 0; np < N / 16; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, b_row + 16 * np * LD + 16 * kk);
-      mma_sync::mma16816<T>(acc[2 * np], a, b[0], b[1]);
-      mma_sync::mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
-    }
-  }
-}
-
-// acc[16 x D] += P[16 x N] . B[N x D]; P as A fragments in registers (pack_a), B's N rows of D
-// in shared memory (read transposed).
-template <typename T, int D, int N>
-__device__ __forceinline__ void mma_frag_rows(float (&acc)[D / 8][4], const uint32_t (&p)[N / 16][4],
-                                              const T* b_s, int lane) {
-  constexpr int LD = TileRow<D>::LD;
-  // matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) transposed: words 0, 1 are b0, b1 of the
-  // first 8 columns, words 2, 3 those of the next 8
-  const T* b_row = b_s + (lane % 16) * LD + 8 * (lane / 16);
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_row + 16 * kk * LD + 16 * dp);
-      mma_sync::mma16816<T>(acc[2 * dp], p[kk], b[0], b[1]);
-      mma_sync::mma16816<T>(acc[2 * dp + 1], p[kk], b[2], b[3]);
-    }
-  }
-}
-
-// The same two products for a warp that owns MT row blocks of 16 (MT * 16 rows): every B
-// fragment read from shared memory feeds MT products instead of one, which halves (MT = 2) the
-// shared-memory traffic per product; that traffic, not the tensor cores, bounds the MT = 1 form.
-template <typename T, int D, int N, int MT>
-__device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][N / 8][4], const T* a_s,
-                                                 const T* b_s, int lane) {
-  constexpr int LD = TileRow<D>::LD;
-  const T* a_row = a_s + (lane % 16) * LD + 8 * (lane / 16);
   const T* b_row = b_s + ((lane % 8) + 8 * (lane / 16)) * LD + 8 * ((lane / 8) % 2);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -127,11 +86,15 @@ __device__ __forceinline__ void mma_rows_rows_mt(float (&acc)[MT][N / 8][4], con
   }
 }
 
+// acc[m][16 x D] += P_m[16 x N] . B[N x D] for MT row blocks; P as A fragments in registers
+// (pack_a), B's N rows of D in shared memory (read transposed).
 template <typename T, int D, int N, int MT>
 __device__ __forceinline__ void mma_frag_rows_mt(float (&acc)[MT][D / 8][4],
                                                  const uint32_t (&p)[MT][N / 16][4],
                                                  const T* b_s, int lane) {
   constexpr int LD = TileRow<D>::LD;
+  // matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) transposed: words 0, 1 are b0, b1 of the
+  // first 8 columns, words 2, 3 those of the next 8
   const T* b_row = b_s + (lane % 16) * LD + 8 * (lane / 16);
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
@@ -146,6 +109,19 @@ __device__ __forceinline__ void mma_frag_rows_mt(float (&acc)[MT][D / 8][4],
       }
     }
   }
+}
+
+// The same products for a warp that owns one row block of 16.
+template <typename T, int D, int N>
+__device__ __forceinline__ void mma_rows_rows(float (&acc)[N / 8][4], const T* a_s, const T* b_s,
+                                              int lane) {
+  mma_rows_rows_mt<T, D, N, 1>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a_s, b_s, lane);
+}
+template <typename T, int D, int N>
+__device__ __forceinline__ void mma_frag_rows(float (&acc)[D / 8][4], const uint32_t (&p)[N / 16][4],
+                                              const T* b_s, int lane) {
+  mma_frag_rows_mt<T, D, N, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                               reinterpret_cast<const uint32_t(&)[1][N / 16][4]>(p), b_s, lane);
 }
 
 // The accumulator [16 x N] as A fragments of a product over its N columns, in T.
@@ -221,6 +197,60 @@ __device__ __forceinline__ void store_acc(const float (&acc)[D / 8][4], T* base,
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       out[4 * n] = pack2<T>(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
+  }
+}
+
+// ----- the walk of a backward K/V block (dK/dV kernels of both schemes) -------------------------
+// A block owns BO keys [k0, k1) of one kv head and walks the BS-row query tiles of [q_first, hi)
+// in every query head of its GQA group: `steps` tiles in all, step s = head s / tiles_per_head,
+// tile s % tiles_per_head.
+struct KvBlockWalk {
+  int k1, off, q_first, group, tiles_per_head, steps;
+};
+
+// Starts the cp.async copies of the block's K and V tiles (not committed) and returns its walk.
+template <typename T, int BO, int BS, int D, int NT>
+__device__ __forceinline__ KvBlockWalk start_kv_block(const KernelArgs& a, const SeqGeom& geo,
+                                                      int hk, int k0, T* k_s, T* v_s) {
+  KvBlockWalk w;
+  w.k1 = min(k0 + BO, geo.lk);
+  w.off = diag_offset(a, geo);
+  const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
+  load_tile_async<T, BO, D, NT>(k_s, static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride, k0,
+                                geo.lk);
+  load_tile_async<T, BO, D, NT>(v_s, static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride, k0,
+                                geo.lk);
+  int lo, hi;
+  query_range(a, w.off, k0, w.k1, geo.lq, &lo, &hi);
+  w.q_first = (lo / BS) * BS;
+  w.group = a.hq / a.hkv;
+  w.tiles_per_head = hi > w.q_first ? (hi - w.q_first + BS - 1) / BS : 0;
+  w.steps = w.tiles_per_head * w.group;
+  return w;
+}
+
+// Issues the copies of step `step` of walk w into stage st: the Q and dO tiles (cp.async, at
+// q_s + 2 st BS LD and BS LD further) and the rows' lse * log2(e) and delta (plain loads: copying
+// these two rows with cp.async as well measured 1-7% slower on an H100).
+template <typename T, int BS, int D, int NT>
+__device__ __forceinline__ void issue_query_step(const KernelArgs& a, const SeqGeom& geo, int b,
+                                                 int hk, const KvBlockWalk& w, int step, int st,
+                                                 T* q_s, float* stats_s) {
+  constexpr int LD = TileRow<D>::LD;
+  const int h = hk * w.group + step / w.tiles_per_head;
+  const int q0 = w.q_first + (step % w.tiles_per_head) * BS;
+  const int64_t head = geo.q_base + int64_t(h) * D;
+  T* dst = q_s + 2 * st * BS * LD;
+  load_tile_async<T, BS, D, NT>(dst, static_cast<const T*>(a.q) + head, a.q_tok_stride, q0,
+                                geo.lq);
+  load_tile_async<T, BS, D, NT>(dst + BS * LD, static_cast<const T*>(a.d_o) + head,
+                                a.q_tok_stride, q0, geo.lq);
+  float* stats = stats_s + 2 * st * BS;
+  for (int rr = threadIdx.x; rr < BS; rr += NT) {
+    const int i = q0 + rr;
+    const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+    stats[rr] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
+    stats[BS + rr] = i < geo.lq ? a.delta[row] : 0.f;
   }
 }
 
