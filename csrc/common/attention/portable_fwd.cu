@@ -197,9 +197,10 @@ size_t portable::delta_workspace_bytes(const NVTEAttnParams& p) {
 size_t portable_workspace_size(const NVTEAttnParams& p, bool is_backward) {
   if (!is_backward) return 0;
   // delta rows; a non-deterministic call also fp32 dQ sums (portable_bwd_tc_atomic.cu), asked
-  // for whichever kernel then runs, so that the size does not depend on the device
+  // for whichever kernel then runs, so that the size does not depend on the device. AMD builds
+  // have no such kernel (TE_HAS_MMA_SYNC 0) and do not ask.
   size_t bytes = portable::delta_workspace_bytes(p);
-  if (!p.deterministic)
+  if (!p.deterministic && TE_HAS_MMA_SYNC)
     bytes += size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.max_seqlen_q) *
              size_t(p.head_dim_qk) * sizeof(float);
   return bytes;
