@@ -102,6 +102,24 @@ def test_cast_transpose_dbias_fp32_dbias_and_amax_accumulates(device):
     assert amax.item() == 1e4  # max(previous, current)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HP)
+def test_cast_transpose_dbias_short_input_same_bits(device, dtype):
+    """An input of at most one row of tiles gets its bias gradient straight from the cast kernel
+    (no reduce launch); one zero row more makes it two rows of tiles, summed by the reduce
+    kernel. The added row changes no sum, so both ways must give the same bits. (A tile of an
+    FP8 result has 128 rows.)"""
+    x = randn((128, 200), dtype, device, seed=11, scale=3.0)
+    longer = torch.cat([x, torch.zeros(1, 200, dtype=dtype, device=device)])
+    scale = torch.tensor([2.0], device=device)
+    for dbias_dtype in (dtype, torch.float32):
+        _, _, short_db, _ = ops.cast_transpose_dbias(x, scale, torch.float8_e4m3fn,
+                                                     dbias_dtype=dbias_dtype)
+        _, _, long_db, _ = ops.cast_transpose_dbias(longer, scale, torch.float8_e4m3fn,
+                                                    dbias_dtype=dbias_dtype)
+        assert torch.equal(bits(short_db), bits(long_db)), dbias_dtype
+
+
 # ----- act_cast_transpose ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -64,6 +64,8 @@ ActTransposeArgs make_args(ActKind kind, const NVTETensor* grad, const NVTETenso
   a.amax = out.amax;
   a.scale_inv = out.scale_inv;
   a.partial = nullptr;
+  a.dbias = nullptr;
+  a.dbias_dtype = kNVTEFloat32;
   a.stream = stream;
   return a;
 }
@@ -104,9 +106,13 @@ NVTEStatus backward(const char* op, NVTEActivation act, bool gated, const NVTETe
     if (dbias != nullptr) {
       if (check_dbias(dbias, workspace, rows, cols)) return;
       a.partial = static_cast<float*>(workspace->data);
+      if (dbias_sums_are_final(rows)) {
+        a.dbias = dbias->data;
+        a.dbias_dtype = dbias->dtype;
+      }
     }
     run(act, a);
-    if (dbias != nullptr)
+    if (dbias != nullptr && a.dbias == nullptr)
       act::launch_dbias_reduce(a.partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows),
                                cols, stream);
   });

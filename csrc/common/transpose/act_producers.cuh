@@ -127,12 +127,12 @@ void launch_act_typed(const ActTransposeArgs& a) {
     case ActKind::kBackward:
       launch_tiles<DActProducer<Op, InT>, OutT, true, true>(
           {grad, in, a.cols}, out, out_t, a.rows, a.cols, a.scale, a.amax, a.scale_inv,
-          a.partial, s);
+          a.partial, s, a.dbias, a.dbias_dtype);
       break;
     case ActKind::kGatedBackward:
       launch_tiles<DGatedActProducer<Op, InT>, OutT, true, true>(
           {grad, in, a.cols / 2}, out, out_t, a.rows, a.cols, a.scale, a.amax, a.scale_inv,
-          a.partial, s);
+          a.partial, s, a.dbias, a.dbias_dtype);
       break;
   }
 }

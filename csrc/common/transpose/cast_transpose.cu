@@ -10,6 +10,8 @@ namespace tile_transpose {
 
 int64_t dbias_workspace_rows(int64_t rows) { return fp8_row_tiles(rows); }
 
+bool dbias_sums_are_final(int64_t rows) { return dbias_workspace_rows(rows) == 1; }
+
 bool check_dbias(const NVTETensor* dbias, NVTETensor* workspace, int64_t rows, int64_t cols) {
   check_tensor(dbias, "dbias");
   check_dtype_in(*dbias, "dbias", is_high_precision(dbias->dtype), "float32, float16 or bfloat16");
@@ -67,13 +69,15 @@ void check_cast_transpose_args(const NVTETensor* input, NVTETensor* output, NVTE
 template <bool kSums>
 void launch_cast_transpose(const NVTETensor& input, const NVTETensor& output,
                            const NVTETensor& output_t, int64_t rows, int64_t cols,
-                           float* partial, NVTEStream stream) {
+                           float* partial, NVTEStream stream, void* dbias = nullptr,
+                           NVTEDType dbias_dtype = kNVTEFloat32) {
   TE_SWITCH_HP(input.dtype, InT, "input",
     TE_SWITCH_FP8(output.dtype, OutT, "output",
       launch_tiles<CopyProducer<InT>, OutT, true, kSums>(
           CopyProducer<InT>{static_cast<const InT*>(input.data), cols},
           static_cast<OutT*>(output.data), static_cast<OutT*>(output_t.data), rows, cols,
-          output.scale, output.amax, output.scale_inv, partial, to_stream(stream))));
+          output.scale, output.amax, output.scale_inv, partial, to_stream(stream), dbias,
+          dbias_dtype)));
 }
 
 }  // namespace
@@ -121,8 +125,11 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETen
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
     if (check_dbias(dbias, workspace, rows, cols)) return;
     float* partial = static_cast<float*>(workspace->data);
-    launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream);
-    act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows), cols,
-                             stream);
+    const bool final_sums = dbias_sums_are_final(rows);
+    launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream,
+                                final_sums ? dbias->data : nullptr, dbias->dtype);
+    if (!final_sums)
+      act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows),
+                               cols, stream);
   });
 }

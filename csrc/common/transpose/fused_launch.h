@@ -27,6 +27,8 @@ struct ActTransposeArgs {
   float* amax;
   float* scale_inv;
   float* partial;  // backward kinds: [fp8_row_tiles(rows), cols] fp32 column sums, or null
+  void* dbias;     // backward kinds: the bias gradient, written directly when not null
+  NVTEDType dbias_dtype;  // (only for an input of one row of tiles: dbias_sums_are_final)
   NVTEStream stream;
 };
 
@@ -34,6 +36,10 @@ template <NVTEActivation A> void launch_act_cast_transpose(const ActTransposeArg
 
 // Rows of the dbias workspace [dbias_workspace_rows(rows), cols] fp32.
 int64_t dbias_workspace_rows(int64_t rows);
+
+// Whether the cast+transpose kernel's column sums are already the bias gradient (one row of
+// tiles): it then writes dbias itself and the reduce launch is skipped.
+bool dbias_sums_are_final(int64_t rows);
 
 // The argument checks and workspace protocol of the dbias ops: dbias must be a high-precision
 // [cols] tensor; a zeroed workspace descriptor (data NULL, ndim 0) is a size query, answered by

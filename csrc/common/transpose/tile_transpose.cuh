@@ -112,18 +112,33 @@ struct CopyProducer {
   bool vector_ok(int) const { return aligned16(x); }
 };
 
+// An input of one row of tiles has its column sums complete in this kernel: they are the bias
+// gradient itself, written here in dbias's dtype (saving the reduce launch, which on a small
+// host-bound step costs more than the kernel). As the reduce kernel rounds them: s + 0 (so a -0
+// sum is +0 there too), then converted once; the bits are the same.
+__device__ __forceinline__ void store_final_sum(void* dbias, int dtype, int64_t c, float s) {
+  s += 0.f;
+  if (dtype == kNVTEFloat32)
+    static_cast<float*>(dbias)[c] = s;
+  else if (dtype == kNVTEFloat16)
+    static_cast<fp16*>(dbias)[c] = from_float<fp16>(s);
+  else
+    static_cast<bf16*>(dbias)[c] = from_float<bf16>(s);
+}
+
 // ----- the kernel ------------------------------------------------------------------------------
 // kCast: out = fp8(value * scale) with amax; otherwise out = the input's bits (copy producer,
 // InT == OutT). kAligned: rows, cols are multiples of kSeg and pointers 16-byte aligned, so every
 // segment is either wholly inside the tensor or wholly outside and moves as one vector.
 // kSums: one fp32 column sum of the unrounded values per column and row of tiles goes to
-// partial[row_tile, col] (skipped when partial is null).
+// partial[row_tile, col] (skipped when partial is null), or straight into dbias (dtype
+// dbias_dtype) when dbias is not null (an input of one row of tiles: the sums are final).
 template <class Producer, typename OutT, bool kCast, bool kAligned, bool kSums>
 __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<Producer, kSums>()))
 tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restrict__ out_t,
                       int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
                       float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr,
-                      float* __restrict__ partial) {
+                      float* __restrict__ partial, void* __restrict__ dbias, int dbias_dtype) {
   using T = Tile<OutT>;
   using InT = typename Producer::InT;
   constexpr int kSeg = T::kSeg;
@@ -244,7 +259,12 @@ tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restr
         float s = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) s += col_sums[w][c];
-        if (col0 + c < cols) partial[row_tile * cols + col0 + c] = s;
+        if (col0 + c < cols) {
+          if (dbias != nullptr)
+            store_final_sum(dbias, dbias_dtype, col0 + c, s);
+          else
+            partial[row_tile * cols + col0 + c] = s;
+        }
       }
     }
   }
@@ -256,11 +276,12 @@ tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restr
 }
 
 // Launches the kernel over the [rows, cols] result. `partial` (kSums only) is null or
-// [fp8_row_tiles(rows), cols] fp32.
+// [fp8_row_tiles(rows), cols] fp32. With `dbias` (kSums, one row of tiles only: see
+// dbias_sums_are_final) the column sums go to dbias directly instead.
 template <class Producer, typename OutT, bool kCast, bool kSums>
 void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, int64_t cols,
                   const float* scale, float* amax, float* scale_inv, float* partial,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, void* dbias = nullptr, NVTEDType dbias_dtype = kNVTEFloat32) {
   using T = Tile<OutT>;
   const int64_t tiles = ((rows + T::kDim - 1) / T::kDim) * ((cols + T::kDim - 1) / T::kDim);
   TE_CHECK_ARG(tiles < (int64_t(1) << 31), "tensor of ", rows, " x ", cols, " is too large");
@@ -268,7 +289,7 @@ void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, in
     // An empty tensor still gets its scale_inv written; the one block touches no data.
     if (kCast)
       tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<1, kThreads, 0, stream>>>(
-          prod, out, out_t, 0, 0, scale, amax, scale_inv, nullptr);
+          prod, out, out_t, 0, 0, scale, amax, scale_inv, nullptr, nullptr, 0);
     check_launch("tile_transpose_kernel");
     return;
   }
@@ -277,10 +298,10 @@ void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, in
   const unsigned grid = unsigned(tiles);
   if (aligned)
     tile_transpose_kernel<Producer, OutT, kCast, true, kSums><<<grid, kThreads, 0, stream>>>(
-        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype));
   else
     tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<grid, kThreads, 0, stream>>>(
-        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial);
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype));
   check_launch("tile_transpose_kernel");
 }
 
