@@ -49,6 +49,8 @@ __device__ __forceinline__ void finish_fp8(float amax, const float* scale, float
 
 template <typename T, typename W, typename O, bool kRms, int kIters>
 __global__ void __launch_bounds__(1024) norm_fwd_register_kernel(FwdArgs<T, W, O> a) {
+  wait_for_previous_grid();
+  release_next_grid();
   constexpr int kN = 16 / sizeof(T);
   constexpr bool kFp8 = is_fp8_type<O>();
   __shared__ float red[2][kMaxWarps];
@@ -195,11 +197,15 @@ void launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
     a.tpr = layout.tpr;
     const int block = layout.tpr > 128 ? layout.tpr : 128;
     const int grid = p.rows == 0 ? 1 : blocks_for(p.rows, block / layout.tpr);
+    // Overlapping launches (util/arch.h): the kernel waits for the previous grid first.
+    auto launch = [&](auto kernel) {
+      launch_overlapping(kernel, dim3(grid), dim3(block), stream, a);
+    };
     switch (layout.iters) {
-      case 1: norm_fwd_register_kernel<T, W, O, kRms, 1><<<grid, block, 0, stream>>>(a); break;
-      case 2: norm_fwd_register_kernel<T, W, O, kRms, 2><<<grid, block, 0, stream>>>(a); break;
-      case 3: norm_fwd_register_kernel<T, W, O, kRms, 3><<<grid, block, 0, stream>>>(a); break;
-      default: norm_fwd_register_kernel<T, W, O, kRms, 4><<<grid, block, 0, stream>>>(a); break;
+      case 1: launch(norm_fwd_register_kernel<T, W, O, kRms, 1>); break;
+      case 2: launch(norm_fwd_register_kernel<T, W, O, kRms, 2>); break;
+      case 3: launch(norm_fwd_register_kernel<T, W, O, kRms, 3>); break;
+      default: launch(norm_fwd_register_kernel<T, W, O, kRms, 4>); break;
     }
     check_launch("norm_fwd_register_kernel");
     return;

@@ -225,6 +225,8 @@ __global__ void __launch_bounds__(kMaxTpr) softmax_fwd_compact_kernel(FwdArgs<T>
 // y and dy are held as loaded, two values per register, and unpacked in each pass.
 template <typename T, bool kIsCausal, int kIters>
 __global__ void __launch_bounds__(kMaxTpr) softmax_bwd_register_kernel(BwdArgs<T> a) {
+  wait_for_previous_grid();
+  release_next_grid();
   constexpr int kN = 16 / sizeof(T);
   __shared__ float red[kMaxWarps];
   const int tpr = a.tpr;
@@ -374,11 +376,15 @@ void launch_bwd(BwdArgs<T> a, bool aligned, cudaStream_t stream) {
     check_launch("softmax_bwd_general_kernel");
     return;
   }
+  // Overlapping launches (util/arch.h): the kernel waits for the previous grid first.
+  auto launch = [&](auto kernel) {
+    launch_overlapping(kernel, dim3(l.grid), dim3(l.block), stream, a);
+  };
   switch (l.layout.iters) {
-    case 1: softmax_bwd_register_kernel<T, kIsCausal, 1><<<l.grid, l.block, 0, stream>>>(a); break;
-    case 2: softmax_bwd_register_kernel<T, kIsCausal, 2><<<l.grid, l.block, 0, stream>>>(a); break;
-    case 3: softmax_bwd_register_kernel<T, kIsCausal, 3><<<l.grid, l.block, 0, stream>>>(a); break;
-    default: softmax_bwd_register_kernel<T, kIsCausal, 4><<<l.grid, l.block, 0, stream>>>(a); break;
+    case 1: launch(softmax_bwd_register_kernel<T, kIsCausal, 1>); break;
+    case 2: launch(softmax_bwd_register_kernel<T, kIsCausal, 2>); break;
+    case 3: launch(softmax_bwd_register_kernel<T, kIsCausal, 3>); break;
+    default: launch(softmax_bwd_register_kernel<T, kIsCausal, 4>); break;
   }
   check_launch("softmax_bwd_register_kernel");
 }

@@ -301,3 +301,65 @@ inline bool device_supported(int device) {
 }  // namespace mma_sync
 }  // namespace te
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Overlapping launch: on NVIDIA (programmatic dependent launch, sm_90+) the kernel may be
+// scheduled while the kernel before it in the stream is still running its last blocks, which
+// hides the launch latency and ramp of the new grid (about 0.3% of a 90 us bandwidth-bound
+// kernel on an H100). The kernel must call te::wait_for_previous_grid() (util/device_utils.cuh)
+// before its first global memory access, so its results are those of plain stream order.
+// Older NVIDIA devices and HIP get a plain launch. Errors surface through cudaGetLastError, as
+// for <<<>>> launches.
+// ---------------------------------------------------------------------------------------------
+#if defined(__CUDACC__) || defined(__HIPCC__)  // kernel launch syntax: device compilers only
+#include <atomic>
+
+namespace te {
+
+#if defined(__HIP_PLATFORM_AMD__)
+template <typename... Params, typename... Args>
+inline void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block,
+                               hipStream_t stream, Args... args) {
+  kernel<<<grid, block, 0, stream>>>(args...);
+}
+#else
+inline bool device_has_overlapping_launch() {
+  constexpr int kDevices = 64;
+  static std::atomic<signed char> known[kDevices];  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return false;
+  if (device >= kDevices) return false;
+  signed char k = known[device].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                    cudaSuccess;
+    k = ok && major >= 9 ? 1 : -1;
+    known[device].store(k, std::memory_order_relaxed);
+  }
+  return k > 0;
+}
+
+template <typename... Params, typename... Args>
+inline void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block,
+                               cudaStream_t stream, Args... args) {
+  if (!device_has_overlapping_launch()) {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    return;
+  }
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, args...);
+}
+#endif
+
+}  // namespace te
+#endif  // __CUDACC__ || __HIPCC__

@@ -93,6 +93,26 @@ __device__ __forceinline__ void atomic_max_nonneg(float* addr, float value) {
 
 __device__ __forceinline__ float amax_step(float acc, float x) { return nan_max(fabsf(x), acc); }
 
+// ----- programmatic dependent launch (sm_90+) ------------------------------------------------
+// A kernel that may be launched with te::launch_overlapping (util/arch.h: it may then start while
+// the kernel before it in the stream is still running its last blocks) calls
+// wait_for_previous_grid() before its first access to global memory: it returns once that grid
+// has finished and its writes are visible, so results are those of plain stream order. What the
+// overlap saves is the launch latency and ramp of the new grid. release_next_grid() lets the
+// next such kernel be scheduled once every block of this grid has called it (or exited).
+// Both are no-ops on other targets and under a plain launch.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void release_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 }  // namespace te
 
 // ----- dtype dispatch ------------------------------------------------------------------------
