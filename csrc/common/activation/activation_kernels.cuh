@@ -65,6 +65,19 @@ __device__ __forceinline__ void load_vec(Vec<T, N>& v, const T* p) {
   v = bits.vec;
 }
 
+// One 16-byte piece loaded under an L2 eviction policy (load16_l2_policy, util/device_utils.cuh).
+template <typename T, int N>
+__device__ __forceinline__ void load_vec_l2_policy(Vec<T, N>& v, const T* p, uint64_t policy) {
+  static_assert(int(sizeof(T)) * N == 16, "one 16-byte piece");
+  union Bits {
+    Vec<T, N> vec;
+    uint4 word;
+    __device__ Bits() {}
+  } bits;
+  bits.word = load16_l2_policy(p, policy);
+  v = bits.vec;
+}
+
 __device__ __forceinline__ uint32_t raw_bits(float v) { return __float_as_uint(v); }
 __device__ __forceinline__ uint32_t raw_bits(fp16 v) { return __half_as_ushort(v); }
 __device__ __forceinline__ uint32_t raw_bits(bf16 v) { return __bfloat16_as_ushort(v); }
@@ -250,6 +263,11 @@ __device__ __forceinline__ void bwd_vec(const Vec<InT, P>& g, const Vec<InT, P>&
 // the first half's threads have just brought into L2). Writing dx as one contiguous stream
 // measured ~1% faster on an H100 than writing both halves from one thread (the layout
 // torch.compile gives cat([da, db], -1)), which was the last ~1.5% behind it for reglu/sreglu.
+// dy and a, read twice, are loaded under an L2 evict-last policy so that the second read finds
+// them (as torch.compile's kernel does), b under the default one. H100 scratch harness, bf16,
+// reglu/sreglu, interleaved with torch.compile (ratio to it, two timings each): the evict-last
+// loads 0.997 -> 1.001 at 32768x8192 and 0.998 -> 1.000 at 16384x4096; blocks of 1024 threads
+// instead of 512, 0.997 -> 1.000-1.002 and 0.998 -> 1.000-1.001 (256: 0.996-0.998).
 template <class Op, typename InT, typename OutT, int kBlock>
 __global__ void __launch_bounds__(kBlock)
 gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
@@ -257,6 +275,7 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
   wait_for_previous_grid();
   release_next_grid();
   constexpr int P = Pieces<InT>::P;
+  const uint64_t keep = l2_evict_last_policy();
   const int64_t pieces = rows * 2 * cols / P;
   for (int64_t q = blockIdx.x * int64_t(kBlock) + threadIdx.x; q < pieces;
        q += int64_t(gridDim.x) * kBlock) {
@@ -265,8 +284,8 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
     const bool first = c < cols;
     const int64_t cc = first ? c : c - cols;
     Vec<InT, P> g, a, b;
-    load_vec(g, grad + r * cols + cc);
-    load_vec(a, in + r * 2 * cols + cc);
+    load_vec_l2_policy(g, grad + r * cols + cc, keep);
+    load_vec_l2_policy(a, in + r * 2 * cols + cc, keep);
     if (first) load_vec(b, in + r * 2 * cols + cols + cc);
     Vec<OutT, P> d;
 #pragma unroll
@@ -277,7 +296,7 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
     store_vec(out + o, d);
   }
 }
-constexpr int kFlatBlock = 512;  // swept: 128/256/512 within 1%, 512 best
+constexpr int kFlatBlock = 1024;  // see above; earlier sweep: 128/256/512 within 1%
 
 template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec,
           int kBlock = kThreads>
@@ -340,7 +359,7 @@ activation_bwd_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
 
 // ----- high-precision plain forward and backward: one 16-byte piece per thread -----------------
 // y = act(x) or dx = dy act'(x) with the output in the input's dtype and 16-byte aligned pointers:
-// thread t of block b owns elements (b * kPieceBlock + t) * P .. + P - 1, so a warp's accesses are
+// thread t of block b owns elements (b * block + t) * P .. + P - 1, so a warp's accesses are
 // contiguous, and there is no loop: the grid covers the tensor (the last thread's partial piece
 // goes element by element). With only 8 bf16 elements per thread, the grid-stride kernel's loop
 // and index set-up were a visible share of the issued instructions: in a scratch harness on an
@@ -351,16 +370,24 @@ activation_bwd_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
 // 1.007-1.009x at 16384x4096, 1.000-1.008x at 32768x8192; plain backwards 1.001-1.006x / 0.999-
 // 1.004x, all at 98-102% of copy like their compiled peers. Same arithmetic as
 // activation_fwd_kernel / activation_bwd_kernel, bit for bit.
-constexpr int kPieceBlock = 256;
+// Block size: 256 threads for the forward; the backward (two inputs) takes 512: in the H100
+// harness (bf16, two timings each, ratio to torch.compile) gelu bwd 32768x8192 1.000 -> 1.002-
+// 1.003, srelu bwd 16384x4096 1.002 -> 1.004, silu bwd 32768x8192 1.001 either way; 128 threads
+// 0.998-1.002.
+template <bool kBackward>
+constexpr int piece_block() {
+  return kBackward ? 512 : 256;
+}
 
 template <class Op, bool kBackward, typename T>
-__global__ void __launch_bounds__(kPieceBlock)
+__global__ void __launch_bounds__(piece_block<kBackward>())
 activation_piece_kernel(const T* __restrict__ grad, const T* __restrict__ in, T* __restrict__ out,
                         int64_t n) {
   wait_for_previous_grid();
   release_next_grid();
   constexpr int P = Pieces<T>::P;
-  const int64_t o = (int64_t(blockIdx.x) * kPieceBlock + threadIdx.x) * P;
+  constexpr int kBlock = piece_block<kBackward>();
+  const int64_t o = (int64_t(blockIdx.x) * kBlock + threadIdx.x) * P;
   if (o + P <= n) {
     Vec<T, P> x, g, y;
     load_vec(x, in + o);
@@ -521,16 +548,17 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
   cudaStream_t s = to_stream(a.stream);
   if constexpr (std::is_same<InT, OutT>::value) {
     if (vec && !gated) {
-      const int64_t blocks = (n + int64_t(kPieceBlock) * Pieces<InT>::P - 1) /
-                             (int64_t(kPieceBlock) * Pieces<InT>::P);
+      const int block = forward ? piece_block<false>() : piece_block<true>();
+      const int64_t blocks = (n + int64_t(block) * Pieces<InT>::P - 1) /
+                             (int64_t(block) * Pieces<InT>::P);
       TE_CHECK_ARG(blocks < (int64_t(1) << 31), "tensor of ", n, " elements is too large");
       if (blocks == 0) return;
       if (forward)
         launch_overlapping(activation_piece_kernel<Op, false, InT>, dim3(unsigned(blocks)),
-                           dim3(kPieceBlock), s, grad, in, out, n);
+                           dim3(block), s, grad, in, out, n);
       else
         launch_overlapping(activation_piece_kernel<Op, true, InT>, dim3(unsigned(blocks)),
-                           dim3(kPieceBlock), s, grad, in, out, n);
+                           dim3(block), s, grad, in, out, n);
       check_launch("activation_piece_kernel");
       return;
     }

@@ -113,6 +113,35 @@ __device__ __forceinline__ void release_next_grid() {
 #endif
 }
 
+// ----- L2 residency hint for data read twice (sm_80+) ------------------------------------------
+// A 16-byte load under an L2 eviction policy: with l2_evict_last_policy() its line stays in L2
+// ahead of the kernel's streaming lines, for data that another thread of the same kernel reads
+// again shortly after (the gated backward reads dy and the activation input once for each half
+// of dx). Elsewhere (older NVIDIA devices, HIP) a plain 16-byte load and the policy is unused.
+// p must be 16-byte aligned.
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+#else
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ uint4 load16_l2_policy(const void* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 r;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(policy));
+  return r;
+#else
+  (void)policy;
+  return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+
 }  // namespace te
 
 // ----- dtype dispatch ------------------------------------------------------------------------
