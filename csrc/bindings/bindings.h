@@ -19,6 +19,11 @@ void check_status(NVTEStatus status);
 
 inline NVTEStream stream_from_int(uintptr_t s) { return reinterpret_cast<NVTEStream>(s); }
 
+// Runs nvte_delayed_scaling_update on groups given as a list of (history_ptr, scale_ptr,
+// scale_inv_ptr, history_len, num_tensors, fp8_max) tuples (recipe.cpp).
+void delayed_scaling_update_from_list(const py::list& groups, int algo, float margin,
+                                      NVTEStream stream);
+
 void register_device(py::module_& m);
 void register_cast(py::module_& m);
 void register_recipe(py::module_& m);

@@ -46,9 +46,10 @@ NVTETensor vector(uintptr_t data, int64_t n, int dtype) {
 }
 
 // The FP8 scaling of one direction of a module: its amax history [history_len, slots] (row 0 is
-// where the casts record), scale and scale_inv [slots] (fp32 device pointers), the format's max.
+// where the casts record), scale and scale_inv [slots] (fp32 device pointers), the format's max;
+// current scaling: an int32 counter (zero between launches) for nvte_current_scaling_scales.
 struct Scaling {
-  uintptr_t history, scale, scale_inv;
+  uintptr_t history, scale, scale_inv, counter;
   float fp8_max;
   bool delayed;
   float* amax_of(int slot) const {  // delayed scaling records the amax; current scaling does not
@@ -57,28 +58,45 @@ struct Scaling {
   uintptr_t scale_of(int slot) const { return scale + 4 * static_cast<uintptr_t>(slot); }
 };
 
-// Current scaling: the amax of each input into history columns 0..n-1 (one row), then one update
-// launch turns them into the scales (and clears the row). Delayed scaling: nothing here.
+// Current scaling: the scales of inputs 0..n-1 (slots 0..n-1) in one launch, with the one-row
+// history as the amax scratch (the same bits as an amax launch per input and the update).
+// Delayed scaling: nothing here.
 void current_scales(const Scaling& s, const NVTETensor* const* inputs, int n, NVTEStream stream) {
   if (s.delayed) return;
-  float* hist = reinterpret_cast<float*>(s.history);
-  for (int i = 0; i < n; ++i) check_status(nvte_compute_amax(inputs[i], hist + i, stream));
-  NVTEScalingGroup g{};
-  g.amax_history = hist;
-  g.scale = reinterpret_cast<float*>(s.scale);
-  g.scale_inv = reinterpret_cast<float*>(s.scale_inv);
-  g.history_len = 1;
-  g.num_tensors = n;
-  g.fp8_max = s.fp8_max;
-  check_status(nvte_delayed_scaling_update(&g, 1, kNVTEAmaxMostRecent, 0.0f, stream));
+  check_status(nvte_current_scaling_scales(
+      inputs, n, reinterpret_cast<float*>(s.history), reinterpret_cast<int*>(s.counter),
+      reinterpret_cast<float*>(s.scale), reinterpret_cast<float*>(s.scale_inv), s.fp8_max,
+      stream));
+}
+
+// The FP8 output descriptor of x [rows, cols] cast with slot's scale (and amax, delayed).
+NVTETensor cast_output(const NVTETensor& x, const Scaling& s, int slot, int fp8_dtype,
+                       uintptr_t data, uintptr_t scale_inv) {
+  NVTETensor out = matrix(data, x.shape[0], x.shape[1], fp8_dtype, 0, s.scale_of(slot), scale_inv);
+  out.amax = s.amax_of(slot);
+  return out;
+}
+
+// nvte_cast_transpose_multi of n inputs with their slots' scales (0..n-1); current scaling
+// computes those scales first, in the same launch where the grid fits on the device.
+void multi_cast_transpose(const Scaling& s, int n, const NVTETensor* const* inputs,
+                          NVTETensor* const* outputs, NVTETensor* const* outputs_t,
+                          NVTEStream stream) {
+  if (s.delayed) {
+    check_status(nvte_cast_transpose_multi(n, inputs, outputs, outputs_t, stream));
+    return;
+  }
+  check_status(nvte_cast_transpose_multi_current_scaling(
+      n, inputs, outputs, outputs_t, reinterpret_cast<float*>(s.history),
+      reinterpret_cast<int*>(s.counter), reinterpret_cast<float*>(s.scale),
+      reinterpret_cast<float*>(s.scale_inv), s.fp8_max, stream));
 }
 
 // x [rows, cols] -> FP8 data (and its transpose [cols, rows] when t != 0) with slot's scale.
 void cast(const NVTETensor& x, const Scaling& s, int slot, int fp8_dtype, uintptr_t data,
           uintptr_t t, uintptr_t scale_inv, NVTEStream stream) {
   const int64_t rows = x.shape[0], cols = x.shape[1];
-  NVTETensor out = matrix(data, rows, cols, fp8_dtype, 0, s.scale_of(slot), scale_inv);
-  out.amax = s.amax_of(slot);
+  NVTETensor out = cast_output(x, s, slot, fp8_dtype, data, scale_inv);
   if (t) {
     NVTETensor out_t = matrix(t, cols, rows, fp8_dtype);
     check_status(nvte_cast_transpose(&x, &out, &out_t, stream));
@@ -97,18 +115,31 @@ void register_linear_fast(py::module_& m) {
   m.def("linear_fp8_forward",
         [](uintptr_t x, int x_dtype, int64_t tokens, int64_t in_features, uintptr_t w, int w_dtype,
            int64_t out_features, bool cast_w, uintptr_t history, uintptr_t scale,
-           uintptr_t scale_inv, float fp8_max, bool delayed, int fp8_dtype, uintptr_t xq,
+           uintptr_t scale_inv, uintptr_t counter, float fp8_max, bool delayed, int fp8_dtype,
+           uintptr_t xq,
            uintptr_t xq_t, uintptr_t x_sinv, uintptr_t wq, int wq_dtype, uintptr_t wq_t,
            uintptr_t w_sinv, uintptr_t y, int y_dtype, uintptr_t bias, int bias_dtype,
            uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
           const NVTEStream stream = stream_from_int(stream_ptr);
-          const Scaling s{history, scale, scale_inv, fp8_max, delayed};
+          const Scaling s{history, scale, scale_inv, counter, fp8_max, delayed};
           const NVTETensor xd = matrix(x, tokens, in_features, x_dtype);
           const NVTETensor wd = matrix(w, out_features, in_features, w_dtype);
           const NVTETensor* inputs[2] = {&xd, &wd};
-          current_scales(s, inputs, cast_w ? 2 : 1, stream);
-          cast(xd, s, 0, fp8_dtype, xq, xq_t, x_sinv, stream);
-          if (cast_w) cast(wd, s, 1, fp8_dtype, wq, wq_t, w_sinv, stream);
+          if (cast_w && xq_t && wq_t && x_dtype == w_dtype) {
+            // both with transposes (a training step): one launch for the two casts, current
+            // scaling's scales included where the grid fits on the device at once
+            NVTETensor outs[2] = {cast_output(xd, s, 0, fp8_dtype, xq, x_sinv),
+                                  cast_output(wd, s, 1, fp8_dtype, wq, w_sinv)};
+            NVTETensor outs_t[2] = {matrix(xq_t, in_features, tokens, fp8_dtype),
+                                    matrix(wq_t, in_features, out_features, fp8_dtype)};
+            NVTETensor* o[2] = {&outs[0], &outs[1]};
+            NVTETensor* ot[2] = {&outs_t[0], &outs_t[1]};
+            multi_cast_transpose(s, 2, inputs, o, ot, stream);
+          } else {
+            current_scales(s, inputs, cast_w ? 2 : 1, stream);
+            cast(xd, s, 0, fp8_dtype, xq, xq_t, x_sinv, stream);
+            if (cast_w) cast(wd, s, 1, fp8_dtype, wq, wq_t, w_sinv, stream);
+          }
           NVTETensor a = matrix(wq, out_features, in_features, wq_dtype, 0, 0, w_sinv);
           NVTETensor b = matrix(xq, tokens, in_features, fp8_dtype, 0, 0, x_sinv);
           NVTETensor d = matrix(y, tokens, out_features, y_dtype);
@@ -123,28 +154,40 @@ void register_linear_fast(py::module_& m) {
   // dbias != 0 (and dyq_t) the same pass writes the bias gradient, through dbias_ws (fp32,
   // dbias_ws_elems elements: see cast_transpose_dbias_workspace). dx == 0: no dgrad (w_t unused);
   // dw == 0: no wgrad (x_t unused). dw_beta 1 accumulates into dw (an fp32 main_grad).
+  // update_groups (None or a list of delayed_scaling_update groups): the delayed-scaling update
+  // of the step this backward finishes, launched last (module/linear.py: the step's final update
+  // rides this call instead of a call of its own).
   m.def("linear_fp8_backward",
         [](uintptr_t dy, int dy_dtype, int64_t tokens, int64_t out_features, int64_t in_features,
-           uintptr_t history, uintptr_t scale, uintptr_t scale_inv, float fp8_max, bool delayed,
-           int fp8_dtype, uintptr_t dyq, uintptr_t dyq_t, uintptr_t dy_sinv, uintptr_t dbias,
+           uintptr_t history, uintptr_t scale, uintptr_t scale_inv, uintptr_t counter,
+           float fp8_max, bool delayed, int fp8_dtype, uintptr_t dyq, uintptr_t dyq_t,
+           uintptr_t dy_sinv, uintptr_t dbias,
            int dbias_dtype, uintptr_t dbias_ws, int64_t dbias_ws_elems, uintptr_t w_t,
            int w_t_dtype, uintptr_t w_sinv, uintptr_t dx, int dx_dtype, uintptr_t x_t,
            int x_t_dtype, uintptr_t x_sinv, uintptr_t dw, int dw_dtype, float dw_beta,
-           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
+           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr,
+           const py::object& update_groups, int update_algo, float update_margin) {
           const NVTEStream stream = stream_from_int(stream_ptr);
-          const Scaling s{history, scale, scale_inv, fp8_max, delayed};
+          const Scaling s{history, scale, scale_inv, counter, fp8_max, delayed};
           const NVTETensor dyd = matrix(dy, tokens, out_features, dy_dtype);
           const NVTETensor* inputs[1] = {&dyd};
-          current_scales(s, inputs, 1, stream);
           if (dbias) {
+            current_scales(s, inputs, 1, stream);
             NVTETensor q = matrix(dyq, tokens, out_features, fp8_dtype, 0, s.scale_of(0), dy_sinv);
             q.amax = s.amax_of(0);
             NVTETensor q_t = matrix(dyq_t, out_features, tokens, fp8_dtype);
             NVTETensor db = vector(dbias, out_features, dbias_dtype);
             NVTETensor ws = vector(dbias_ws, dbias_ws_elems, kNVTEFloat32);
             check_status(nvte_cast_transpose_dbias(&dyd, &q, &q_t, &db, &ws, stream));
+          } else if (dyq_t) {
+            NVTETensor q = cast_output(dyd, s, 0, fp8_dtype, dyq, dy_sinv);
+            NVTETensor q_t = matrix(dyq_t, out_features, tokens, fp8_dtype);
+            NVTETensor* o[1] = {&q};
+            NVTETensor* ot[1] = {&q_t};
+            multi_cast_transpose(s, 1, inputs, o, ot, stream);
           } else {
-            cast(dyd, s, 0, fp8_dtype, dyq, dyq_t, dy_sinv, stream);
+            current_scales(s, inputs, 1, stream);
+            cast(dyd, s, 0, fp8_dtype, dyq, 0, dy_sinv, stream);
           }
           void* ws = reinterpret_cast<void*>(workspace);
           if (dx) {
@@ -163,6 +206,9 @@ void register_linear_fast(py::module_& m) {
                                    kNVTEGemmEpilogueNone, 1.0f, dw_beta, false, ws, workspace_size,
                                    stream));
           }
+          if (!update_groups.is_none())
+            delayed_scaling_update_from_list(update_groups.cast<py::list>(), update_algo,
+                                             update_margin, stream);
         });
 
   // High precision (x, W, dy, y, dx, dW all of dtype; bias and its gradient of bias_dtype): the

@@ -1,4 +1,5 @@
 // C API tests of the cast, transpose and delayed-scaling families against CPU loops.
+#include <array>
 #include <cmath>
 
 #include "test_common.h"
@@ -310,4 +311,176 @@ TE_TEST(cast_transpose_fused_bad_input_returns_status_and_message) {
                 kNVTEInvalidArgument, "too small a workspace accepted");
   TE_EXPECT(std::strstr(nvte_last_error_message(), "workspace") != nullptr, "%s",
             nvte_last_error_message());
+}
+
+// n casts+transposes in one launch give the bytes, amax and scale_inv of n single launches.
+TE_TEST(cast_transpose_multi_matches_single_calls) {
+  const int64_t shapes[][2] = {{37, 23}, {256, 128}, {0, 16}, {64, 1024}};
+  const float scales[] = {3.5f, 0.25f, 2.f, 11.f};
+  for (bool aligned_only : {false, true}) {
+    std::vector<DeviceBuffer<__nv_bfloat16>*> ins;
+    std::vector<DeviceBuffer<uint8_t>*> bufs;
+    std::vector<DeviceBuffer<float>*> meta;
+    NVTETensor in_d[4], out_d[2][4], out_t_d[2][4];
+    int n = 0;
+    for (int k = 0; k < 4; ++k) {
+      const int64_t rows = shapes[k][0], cols = shapes[k][1];
+      if (aligned_only && (rows % 16 || cols % 16)) continue;
+      const size_t count = size_t(rows * cols);
+      std::vector<float> x = random_floats(count, 50 + k, 30.f);
+      std::vector<__nv_bfloat16> xb(count);
+      for (size_t i = 0; i < count; ++i) xb[i] = __float2bfloat16_rn(x[i]);
+      ins.push_back(new DeviceBuffer<__nv_bfloat16>(xb));
+      in_d[n] = desc(ins.back()->ptr, {rows, cols}, kNVTEBFloat16);
+      for (int way = 0; way < 2; ++way) {  // 0: single calls, 1: one multi call
+        auto* o = new DeviceBuffer<uint8_t>(count + 1);
+        auto* ot = new DeviceBuffer<uint8_t>(count + 1);
+        o->fill_bytes(0x5a);
+        ot->fill_bytes(0x5a);
+        auto* sc = new DeviceBuffer<float>(std::vector<float>{scales[k]});
+        auto* am = new DeviceBuffer<float>(std::vector<float>{0.f});
+        auto* si = new DeviceBuffer<float>(std::vector<float>{0.f});
+        bufs.push_back(o);
+        bufs.push_back(ot);
+        meta.push_back(sc);
+        meta.push_back(am);
+        meta.push_back(si);
+        out_d[way][n] = desc(o->ptr, {rows, cols}, kNVTEFloat8E4M3, am->ptr, sc->ptr, si->ptr);
+        out_t_d[way][n] = desc(ot->ptr, {cols, rows}, kNVTEFloat8E4M3);
+      }
+      ++n;
+    }
+    for (int k = 0; k < n; ++k)
+      TE_EXPECT(nvte_cast_transpose(&in_d[k], &out_d[0][k], &out_t_d[0][k], nullptr) == kNVTESuccess,
+                "%s", nvte_last_error_message());
+    const NVTETensor* ip[4];
+    NVTETensor *op[4], *otp[4];
+    for (int k = 0; k < n; ++k) {
+      ip[k] = &in_d[k];
+      op[k] = &out_d[1][k];
+      otp[k] = &out_t_d[1][k];
+    }
+    TE_EXPECT(nvte_cast_transpose_multi(n, ip, op, otp, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    // per tensor: way 0 at bufs[4k], bufs[4k+1], meta[6k..6k+2]; way 1 after it
+    for (int k = 0; k < n; ++k) {
+      TE_EXPECT(bufs[4 * k]->download() == bufs[4 * k + 2]->download(), "data of tensor %d", k);
+      TE_EXPECT(bufs[4 * k + 1]->download() == bufs[4 * k + 3]->download(), "transpose of tensor %d", k);
+      for (int m = 1; m < 3; ++m)
+        TE_EXPECT(meta[6 * k + m]->download() == meta[6 * k + 3 + m]->download(),
+                  "amax/scale_inv of tensor %d", k);
+    }
+    for (auto* p : ins) delete p;
+    for (auto* p : bufs) delete p;
+    for (auto* p : meta) delete p;
+  }
+  NVTETensor bad = desc(nullptr, {0, 0}, kNVTEBFloat16);
+  const NVTETensor* bp[1] = {&bad};
+  NVTETensor* bo[1] = {&bad};
+  TE_EXPECT(nvte_cast_transpose_multi(5, bp, bo, bo, nullptr) == kNVTEInvalidArgument,
+            "n = 5 must be refused");
+}
+
+// Current scaling in one launch: the scales of an amax launch per tensor and the update.
+TE_TEST(current_scaling_scales_match_amax_then_update) {
+  const size_t n0 = 1000 * 37 + 5, n1 = 4096;
+  std::vector<float> x0 = random_floats(n0, 61, 100.f), x1 = random_floats(n1, 62, 0.01f);
+  std::vector<__nv_bfloat16> b0(n0);
+  for (size_t i = 0; i < n0; ++i) b0[i] = __float2bfloat16_rn(x0[i]);
+  std::vector<float> zeros(n1, 0.f);
+  DeviceBuffer<__nv_bfloat16> in0(b0);
+  DeviceBuffer<float> in1(x1), in2(zeros);
+  NVTETensor d[3] = {desc(in0.ptr, {1000 * 37 + 5}, kNVTEBFloat16), desc(in1.ptr, {64, 64}, kNVTEFloat32),
+                     desc(in2.ptr, {64, 64}, kNVTEFloat32)};
+  const NVTETensor* p[3] = {&d[0], &d[1], &d[2]};
+  const float fp8_max = 448.f;
+  // reference: amax launches into a one-row history, then the update
+  DeviceBuffer<float> hist(std::vector<float>{0.f, 0.f, 0.f}), rscale(std::vector<float>{1.f, 1.f, 7.f}),
+      rsinv(std::vector<float>{0.f, 0.f, 0.f});
+  for (int k = 0; k < 3; ++k)
+    TE_EXPECT(nvte_compute_amax(p[k], hist.ptr + k, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+  NVTEScalingGroup g{hist.ptr, rscale.ptr, rsinv.ptr, 1, 3, fp8_max};
+  TE_EXPECT(nvte_delayed_scaling_update(&g, 1, kNVTEAmaxMostRecent, 0.f, nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  DeviceBuffer<float> amax(std::vector<float>{0.f, 0.f, 0.f}), scale(std::vector<float>{1.f, 1.f, 7.f}),
+      sinv(std::vector<float>{0.f, 0.f, 0.f});
+  DeviceBuffer<int> counter(std::vector<int>{0});
+  for (int rep = 0; rep < 2; ++rep)  // the scratch is left zero: a second launch gives the same
+    TE_EXPECT(nvte_current_scaling_scales(p, 3, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, fp8_max,
+                                          nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  TE_EXPECT(scale.download() == rscale.download(), "scales differ from amax + update");
+  TE_EXPECT(sinv.download() == rsinv.download(), "scale_invs differ from amax + update");
+  TE_EXPECT(scale.download()[2] == 7.f, "an all-zero tensor keeps its scale");
+  TE_EXPECT(amax.download() == std::vector<float>({0.f, 0.f, 0.f}), "amax scratch not left zero");
+  TE_EXPECT(counter.download()[0] == 0, "counter not left zero");
+  TE_EXPECT(nvte_current_scaling_scales(p, 0, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, fp8_max,
+                                        nullptr) == kNVTEInvalidArgument, "n = 0 must be refused");
+}
+
+// Current scaling inside the multi cast (one cooperative launch for a grid that fits the device,
+// the scales kernel first for one that does not) gives the bits of the scales kernel followed by
+// the plain multi cast.
+TE_TEST(cast_transpose_multi_current_scaling_matches_two_steps) {
+  const std::vector<std::vector<std::array<int64_t, 2>>> cases = {
+      {{64, 1024}, {1024, 1024}}, {{37, 23}}, {{4096, 4096}, {16, 16}}};
+  unsigned seed = 70;
+  for (const auto& shapes : cases) {
+    const int n = int(shapes.size());
+    std::vector<DeviceBuffer<__nv_bfloat16>*> ins;
+    NVTETensor in_d[4], out_d[2][4], out_t_d[2][4];
+    std::vector<DeviceBuffer<uint8_t>*> data[2];
+    DeviceBuffer<float> scale0(std::vector<float>(n, 1.f)), sinv0(std::vector<float>(n, 0.f)),
+        scale1(std::vector<float>(n, 1.f)), sinv1(std::vector<float>(n, 0.f)),
+        amax0(std::vector<float>(n, 0.f)), amax1(std::vector<float>(n, 0.f));
+    DeviceBuffer<float> osinv0(std::vector<float>(n, 0.f)), osinv1(std::vector<float>(n, 0.f));
+    DeviceBuffer<int> counter0(std::vector<int>{0}), counter1(std::vector<int>{0});
+    for (int k = 0; k < n; ++k) {
+      const int64_t rows = shapes[k][0], cols = shapes[k][1];
+      const size_t count = size_t(rows * cols);
+      std::vector<float> x = random_floats(count, seed++, 5.f + k);
+      std::vector<__nv_bfloat16> xb(count);
+      for (size_t i = 0; i < count; ++i) xb[i] = __float2bfloat16_rn(x[i]);
+      ins.push_back(new DeviceBuffer<__nv_bfloat16>(xb));
+      in_d[k] = desc(ins.back()->ptr, {rows, cols}, kNVTEBFloat16);
+      for (int way = 0; way < 2; ++way) {
+        data[way].push_back(new DeviceBuffer<uint8_t>(count));
+        data[way].push_back(new DeviceBuffer<uint8_t>(count));
+        float* sc = (way ? scale1.ptr : scale0.ptr) + k;
+        float* si = (way ? osinv1.ptr : osinv0.ptr) + k;
+        out_d[way][k] = desc(data[way][2 * k]->ptr, {rows, cols}, kNVTEFloat8E4M3, nullptr, sc, si);
+        out_t_d[way][k] = desc(data[way][2 * k + 1]->ptr, {cols, rows}, kNVTEFloat8E4M3);
+      }
+    }
+    const NVTETensor* ip[4];
+    NVTETensor *op0[4], *otp0[4], *op1[4], *otp1[4];
+    for (int k = 0; k < n; ++k) {
+      ip[k] = &in_d[k];
+      op0[k] = &out_d[0][k];
+      otp0[k] = &out_t_d[0][k];
+      op1[k] = &out_d[1][k];
+      otp1[k] = &out_t_d[1][k];
+    }
+    TE_EXPECT(nvte_current_scaling_scales(ip, n, amax0.ptr, counter0.ptr, scale0.ptr, sinv0.ptr,
+                                          448.f, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(nvte_cast_transpose_multi(n, ip, op0, otp0, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
+    for (int rep = 0; rep < 2; ++rep)
+      TE_EXPECT(nvte_cast_transpose_multi_current_scaling(n, ip, op1, otp1, amax1.ptr, counter1.ptr,
+                                                          scale1.ptr, sinv1.ptr, 448.f, nullptr) == kNVTESuccess,
+                "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    for (size_t b = 0; b < data[0].size(); ++b)
+      TE_EXPECT(data[0][b]->download() == data[1][b]->download(), "FP8 bytes differ (buffer %zu)", b);
+    TE_EXPECT(scale0.download() == scale1.download(), "scales differ");
+    TE_EXPECT(sinv0.download() == sinv1.download(), "state scale_invs differ");
+    TE_EXPECT(osinv0.download() == osinv1.download(), "output scale_invs differ");
+    TE_EXPECT(scale1.download()[0] != 1.f, "scale not computed");
+    TE_EXPECT(amax1.download() == std::vector<float>(n, 0.f), "amax scratch not left zero");
+    TE_EXPECT(counter1.download()[0] == 0, "counter not left zero");
+    for (auto* p : ins) delete p;
+    for (auto& v : data)
+      for (auto* p : v) delete p;
+  }
 }

@@ -9,7 +9,7 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch import quantization
 from transformer_engine.pytorch.ops.cast import fp8_max_of
 
-from utils import DEVICES, randn
+from utils import DEVICES, randn, requires_native_gpu
 
 
 def _linear(device, dtype=torch.float32, seed=0, **kw):
@@ -181,3 +181,66 @@ def test_state_dict_round_trip_and_legacy_load(device):
     other = te.LayerNormMLP(64, 128, device=device)
     other.load_state_dict(legacy, strict=True)  # saved without FP8 metadata: still loads
     assert torch.equal(other.fc1_weight, m.fc1_weight)
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("rname", ["delayed", "current"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_direct_path_matches_checked_ops(monkeypatch, rname, bias):
+    """te.Linear's direct native path (one call per direction: x and W cast in one launch,
+    current scales in one launch, the step's delayed update riding the last backward, the
+    forward update deferred to it) gives the bits of the checked ops, step after step: outputs,
+    gradients, scales and histories."""
+    from transformer_engine.pytorch.module import _fast
+    r = recipe.DelayedScaling(amax_history_len=3) if rname == "delayed" else recipe.Float8CurrentScaling()
+    mods = [_linear("cuda", torch.bfloat16, seed=4, bias=bias) for _ in range(2)]
+    for step in range(3):
+        x = randn((32, 64), torch.bfloat16, "cuda", seed=10 + step, scale=2.0 + step)
+        dy = randn((32, 48), torch.bfloat16, "cuda", seed=20 + step)
+        results = []
+        for k, m in enumerate(mods):
+            with monkeypatch.context() as mp:
+                if k == 1:
+                    mp.setattr(_fast, "native_call", lambda _x: None)
+                xi = x.clone().requires_grad_()
+                with te.fp8_autocast(fp8_recipe=r):
+                    y = m(xi)
+                y.backward(dy)  # outside the context: the deferred forward update rides it
+            rs = m._fp8_state
+            results.append([y, xi.grad, m.weight.grad, rs.scale_fwd, rs.scale_bwd,
+                            rs.scale_inv_fwd, rs.amax_history_fwd, rs.amax_history_bwd,
+                            m.bias.grad if bias else None])
+            m.zero_grad(set_to_none=True)
+        for a, b in zip(results[0][:-1], results[1][:-1]):
+            assert torch.equal(a, b), (step, a, b)
+        if bias:  # fp32 column sums in another order (see module/_fast.py): last bit may differ
+            torch.testing.assert_close(results[0][-1], results[1][-1])
+    assert not quantization._DEFERRED
+
+
+@requires_native_gpu
+def test_deferred_forward_update_is_flushed_before_reads_and_next_step():
+    """A step whose backward has not run yet: its forward update is visible to a read of the
+    scales and runs before the next step; the next step's own deferred update rides the
+    backward."""
+    m = _linear("cuda", torch.bfloat16, seed=5)
+    r = recipe.DelayedScaling(amax_history_len=3)
+    x1 = randn((32, 64), torch.bfloat16, "cuda", seed=30, scale=4.0).requires_grad_()
+    x2 = (x1.detach() * 2).requires_grad_()
+    a1, a2 = (x.detach().abs().max().float().reshape(1) for x in (x1, x2))
+    with te.fp8_autocast(fp8_recipe=r):
+        y1 = m(x1)
+    assert quantization._DEFERRED  # waiting for y1's backward
+    rs = m._fp8_state
+    fwd_max = torch.tensor([fp8_max_of(rs.fwd_dtype)], device="cuda")
+    assert torch.equal(rs.scale_fwd[:1], fwd_max / a1)
+    assert not quantization._DEFERRED  # the read ran it
+    with te.fp8_autocast(fp8_recipe=r):  # a second forward before the first backward
+        y2 = m(x2)
+    assert quantization._DEFERRED
+    (y1.float().sum() + y2.float().sum()).backward()
+    assert not quantization._DEFERRED
+    # row 0 (the recording row) cleared, then the two steps' input amaxes, oldest first: both
+    # forward updates ran, in order
+    assert torch.equal(rs.amax_history_fwd[:, 0], torch.cat([torch.zeros_like(a1), a1, a2]))
+    assert torch.equal(rs.scale_fwd[:1], fwd_max / torch.maximum(a1, a2))

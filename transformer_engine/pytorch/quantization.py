@@ -11,6 +11,12 @@ Life of one training step with DelayedScaling:
   * the backward passes run with the forward's recipe (saved in the autograd context, so they
     may run outside the context); when the last backward of the step finished, the backward
     amaxes are reduced and the backward scales updated the same way.
+  * a step whose backward is still to come when the context exits (the usual training step on
+    the native core, with no amax reduction group) defers its forward update: the step's last
+    backward runs both updates in one launch (on a small, host-bound step each launch costs more
+    than its kernel). Nothing can observe the difference: the next outermost entry and every
+    read of a forward scale or history (`RecipeState.scale_fwd`, ..., `state_dict`) run a
+    deferred update first, and no kernel of the step's backward reads or writes forward state.
 Float8CurrentScaling needs no history: each cast computes its amax first, then the scale.
 """
 from __future__ import annotations
@@ -73,7 +79,8 @@ class _Step:
     """The modules that ran FP8 forwards in one outermost autocast, and how many of their
     backwards are still to come."""
 
-    __slots__ = ("recipe", "group", "states", "pending_backward", "exited", "bwd_done")
+    __slots__ = ("recipe", "group", "states", "pending_backward", "exited", "bwd_done",
+                 "fwd_deferred")
 
     def __init__(self, recipe, group):
         self.recipe, self.group = recipe, group
@@ -81,13 +88,56 @@ class _Step:
         self.pending_backward = 0
         self.exited = False
         self.bwd_done = False
+        self.fwd_deferred = False
 
     def backward_finished(self):
         self.pending_backward -= 1
         if self.pending_backward <= 0 and not self.bwd_done:
             self.bwd_done = True
-            _update_delayed(self.states, self.recipe, self.group, forward=False)
+            fwd = self._take_deferred()
+            _update_delayed(self.states, self.recipe, self.group, forward=False, also_forward=fwd)
             self.release_if_done()
+
+    def take_final_update(self):
+        """For a backward about to finish the step on the native direct path: the step's
+        remaining updates as (groups, algo code, margin) for that backward's native call to
+        launch after its kernels (the step counts as finished), or None (not the last backward,
+        or the update needs more than one plain launch: an amax reduction over a group, an
+        algorithm without a native code, states on several devices)."""
+        if self.pending_backward != 1 or self.bwd_done or not self.states:
+            return None
+        recipe = self.recipe
+        algo = recipe.amax_compute_algo
+        code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
+        if code is None or (recipe.reduce_amax and self.group is not None):
+            return None
+        first = self.states[0]
+        if not first.on_native() or any(st.device != first.device for st in self.states):
+            return None
+        self.pending_backward = 0
+        self.bwd_done = True
+        groups = _native_groups(self.states, False, self._take_deferred())
+        self.release_if_done()
+        return groups, code, float(recipe.margin)
+
+    def defer_forward_update(self) -> bool:
+        """At the context's exit: whether the forward update may wait for the last backward."""
+        if self.pending_backward <= 0 or not self.states or not isinstance(self.recipe, DelayedScaling):
+            return False
+        if self.recipe.reduce_amax and self.group is not None:
+            return False  # the collective stays at the exit, where every rank reaches it
+        if not self.states[0].on_native():
+            return False
+        self.fwd_deferred = True
+        _DEFERRED.append(self)
+        return True
+
+    def _take_deferred(self) -> bool:
+        if not self.fwd_deferred:
+            return False
+        self.fwd_deferred = False
+        _DEFERRED.remove(self)
+        return True
 
     def release_if_done(self):
         """Drops the process group and the module states once both updates ran. Modules keep
@@ -158,6 +208,8 @@ class _AutocastContext(contextlib.ContextDecorator):
         outermost = s.depth == 0
         self._saved.append((s.enabled, s.calibrating, s.recipe, s.group, outermost))
         if outermost:
+            if _DEFERRED:
+                flush_deferred_updates()
             s.step = _Step(recipe, group)
         s.enabled, s.calibrating = bool(enabled), bool(calibrating)
         s.recipe, s.group = recipe, group
@@ -171,7 +223,8 @@ class _AutocastContext(contextlib.ContextDecorator):
         if outermost:
             step, s.step = s.step, None
             step.exited = True
-            _update_delayed(step.states, step.recipe, step.group, forward=True)
+            if not step.defer_forward_update():
+                _update_delayed(step.states, step.recipe, step.group, forward=True)
             if step.pending_backward <= 0 and step.states and not step.bwd_done:
                 step.bwd_done = True  # nothing will run backward (inference): no backward update
             step.release_if_done()
@@ -271,12 +324,15 @@ class RecipeState:
             return
         hist_len = recipe.amax_history_len if self.delayed else 1
         f32 = dict(dtype=torch.float32, device=device)
-        self.amax_history_fwd = torch.zeros(hist_len, n_fwd, **f32)
+        self._amax_history_fwd = torch.zeros(hist_len, n_fwd, **f32)
         self.amax_history_bwd = torch.zeros(hist_len, n_bwd, **f32)
-        self.scale_fwd = torch.ones(n_fwd, **f32)
+        self._scale_fwd = torch.ones(n_fwd, **f32)
         self.scale_bwd = torch.ones(n_bwd, **f32)
-        self.scale_inv_fwd = torch.ones(n_fwd, **f32)
+        self._scale_inv_fwd = torch.ones(n_fwd, **f32)
         self.scale_inv_bwd = torch.ones(n_bwd, **f32)
+        # current scaling: one int32 per direction that nvte_current_scaling_scales counts its
+        # blocks in (zero between launches)
+        self.counters = torch.zeros(2, dtype=torch.int32, device=device)
         self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
@@ -288,14 +344,45 @@ class RecipeState:
         state["_ptrs"] = state["_update_descs"] = state["_on_native"] = None
         return state
 
+    # The forward scales and history as read from outside: a deferred forward update of the last
+    # step runs first (see the module docstring). The module's own kernels use the pointers and
+    # views below, in stream order after that update.
+    @property
+    def amax_history_fwd(self) -> torch.Tensor:
+        if _DEFERRED:
+            flush_deferred_updates()
+        return self._amax_history_fwd
+
+    @property
+    def scale_fwd(self) -> torch.Tensor:
+        if _DEFERRED:
+            flush_deferred_updates()
+        return self._scale_fwd
+
+    @property
+    def scale_inv_fwd(self) -> torch.Tensor:
+        if _DEFERRED:
+            flush_deferred_updates()
+        return self._scale_inv_fwd
+
+    def __setstate__(self, state):
+        # a state pickled before the forward tensors became properties
+        for name in ("amax_history_fwd", "scale_fwd", "scale_inv_fwd"):
+            if name in state:
+                state["_" + name] = state.pop(name)
+        if "counters" not in state and "_scale_fwd" in state:
+            state["counters"] = torch.zeros(2, dtype=torch.int32, device=state["_scale_fwd"].device)
+        self.__dict__.update(state)
+
     def _pointers(self):
-        # (history, scale, scale_inv, fp8_max) as raw pointers for the native fast path (the
-        # tensors never move: a device change builds a new state); made on first eager use
+        # (history, scale, scale_inv, fp8_max, counter) as raw pointers for the native fast path
+        # (the tensors never move: a device change builds a new state); made on first eager use
         if self._ptrs is None:
-            self._ptrs = ((self.amax_history_fwd.data_ptr(), self.scale_fwd.data_ptr(),
-                           self.scale_inv_fwd.data_ptr(), self.fwd_max),
+            c = self.counters.data_ptr()
+            self._ptrs = ((self._amax_history_fwd.data_ptr(), self._scale_fwd.data_ptr(),
+                           self._scale_inv_fwd.data_ptr(), self.fwd_max, c),
                           (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
-                           self.scale_inv_bwd.data_ptr(), self.bwd_max))
+                           self.scale_inv_bwd.data_ptr(), self.bwd_max, c + 4))
         return self._ptrs
 
     def update_desc(self, forward: bool):
@@ -305,7 +392,7 @@ class RecipeState:
             descs = self._update_descs = tuple(
                 (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
                 if h.shape[1] else None
-                for h, sc, si, m in ((self.amax_history_fwd, self.scale_fwd, self.scale_inv_fwd, self.fwd_max),
+                for h, sc, si, m in ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max),
                                      (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max)))
         return descs[0 if forward else 1]
 
@@ -319,7 +406,7 @@ class RecipeState:
 
     @property
     def native(self) -> bool:
-        return native.use_native(self.scale_fwd)
+        return native.use_native(self._scale_fwd)
 
     def on_native(self) -> bool:
         """`native`, asked once (the state's tensors never change device)."""
@@ -329,16 +416,16 @@ class RecipeState:
         return flag
 
     def _make_views(self):
-        self.fwd_scale = [self.scale_fwd[i:i + 1] for i in range(self.scale_fwd.numel())]
+        self.fwd_scale = [self._scale_fwd[i:i + 1] for i in range(self._scale_fwd.numel())]
         self.bwd_scale = [self.scale_bwd[i:i + 1] for i in range(self.scale_bwd.numel())]
-        self.fwd_amax = [self.amax_history_fwd[0, i:i + 1] for i in range(self.scale_fwd.numel())]
+        self.fwd_amax = [self._amax_history_fwd[0, i:i + 1] for i in range(self._scale_fwd.numel())]
         self.bwd_amax = [self.amax_history_bwd[0, i:i + 1] for i in range(self.scale_bwd.numel())]
 
     # -- current scaling: amax, then scale, on the device
     def current_scale(self, x: torch.Tensor, forward: bool, i: int, compute_amax=None) -> torch.Tensor:
         amax = (self.fwd_amax if forward else self.bwd_amax)[i]
         scale = (self.fwd_scale if forward else self.bwd_scale)[i]
-        scale_inv = (self.scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
+        scale_inv = (self._scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
         compute_current_scale(x, amax, scale, scale_inv, self.fwd_max if forward else self.bwd_max,
                               self.recipe.use_power_2_scales)
         return scale
@@ -351,6 +438,8 @@ class RecipeState:
                 "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone()}
 
     def load_dict(self, d: dict) -> None:
+        if _DEFERRED:
+            flush_deferred_updates()  # an update still to come would overwrite what is loaded
         for name in ("scale_fwd", "scale_bwd", "scale_inv_fwd", "scale_inv_bwd"):
             if name in d and d[name].shape == getattr(self, name).shape:
                 getattr(self, name).copy_(d[name])
@@ -437,35 +526,64 @@ def _reduce_amax(histories: List[torch.Tensor], group) -> None:
         offset += n
 
 
-def _update_delayed(states: List[RecipeState], recipe, group, forward: bool) -> None:
+def _native_groups(states: List[RecipeState], forward: bool, also_forward: bool = False) -> list:
+    """The native update groups of the states (forward or backward; with also_forward, the
+    backward's and the forward's together), descriptors cached per state."""
+    desc = []
+    for direction in ((False, True) if also_forward else (forward,)):
+        for st in states:
+            d = st.update_desc(direction)
+            if d is not None:
+                desc.append(d)
+    return desc
+
+
+def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
+                    also_forward: bool = False) -> None:
+    """The batched update of one direction's scales (with also_forward, a backward update that
+    also runs a deferred forward update, in the same launch when it can)."""
     if not states or not isinstance(recipe, DelayedScaling):
         return
+    if also_forward and recipe.reduce_amax and group is not None:
+        # (never deferred with a reduction group: kept for completeness)
+        _update_delayed(states, recipe, group, True)
+        also_forward = False
     if recipe.reduce_amax and group is not None:
-        _reduce_amax([s.amax_history_fwd if forward else s.amax_history_bwd for s in states], group)
+        _reduce_amax([s._amax_history_fwd if forward else s.amax_history_bwd for s in states], group)
     algo = recipe.amax_compute_algo
     code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
     first = states[0]
     if code is not None and first.on_native() and (
             len(states) == 1 or all(s.device == first.device for s in states)):
         # the common case: one launch through the binding, descriptors cached per module (this
-        # runs twice per training step: kept free of per-call imports and property lookups)
-        desc = []
-        for s in states:
-            d = s.update_desc(forward)
-            if d is not None:
-                desc.append(d)
+        # runs once or twice per training step: kept free of per-call imports and property lookups)
+        desc = _native_groups(states, forward, also_forward)
         if desc:
             native.native_for_torch().delayed_scaling_update(
                 desc, code, float(recipe.margin), native.stream_handle(first.device.index))
         return
-    if forward:
-        groups = [(s.amax_history_fwd, s.scale_fwd, s.scale_inv_fwd, s.fwd_max) for s in states]
-    else:
-        groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
-    groups = [g for g in groups if g[0].shape[1] > 0]
-    if groups:
-        from .ops import delayed_scaling_update
-        delayed_scaling_update(groups, algo, float(recipe.margin))
+    for fwd in ((False, True) if also_forward else (forward,)):
+        if fwd:
+            groups = [(s._amax_history_fwd, s._scale_fwd, s._scale_inv_fwd, s.fwd_max) for s in states]
+        else:
+            groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
+        groups = [g for g in groups if g[0].shape[1] > 0]
+        if groups:
+            from .ops import delayed_scaling_update
+            delayed_scaling_update(groups, algo, float(recipe.margin))
+
+
+# Steps whose forward update waits for their last backward (see the module docstring).
+_DEFERRED: List[_Step] = []
+
+
+def flush_deferred_updates() -> None:
+    """Runs every deferred forward update now (before anything reads forward scales)."""
+    while _DEFERRED:
+        step = _DEFERRED.pop()
+        step.fwd_deferred = False
+        _update_delayed(step.states, step.recipe, step.group, forward=True)
+        step.release_if_done()
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}

@@ -1,9 +1,13 @@
 // Transpose, FP8 cast+transpose and cast+transpose+dbias of a [rows, cols] row-major tensor,
 // all on the tile engine of tile_transpose.cuh with the copy producer.
+#include <cmath>
+
 #include "activation/activation_launch.h"
+#include "recipe/current_scaling.h"
 #include "transformer_engine/transpose.h"
 #include "transpose/fused_launch.h"
 #include "transpose/tile_transpose.cuh"
+#include "util/row_kernels.cuh"
 
 namespace te {
 namespace tile_transpose {
@@ -80,6 +84,82 @@ void launch_cast_transpose(const NVTETensor& input, const NVTETensor& output,
           dbias_dtype)));
 }
 
+// current == nullptr: the outputs' own scales. Otherwise Float8CurrentScaling (GridScaling above;
+// outputs[i].scale == current->scale + i): one cooperative launch when the whole grid fits on
+// the device at once, else the scales kernel and then the plain casts.
+template <typename InT, typename OutT>
+void launch_multi_cast_transpose(int64_t n, const NVTETensor* const* inputs,
+                                 NVTETensor* const* outputs, NVTETensor* const* outputs_t,
+                                 const GridScaling* current, NVTEStream stream) {
+  using T = Tile<OutT>;
+  MultiCastTable<InT, OutT> t{};
+  t.n = static_cast<int>(n);
+  t.first_tile[0] = 0;
+  bool aligned = true;
+  for (int i = 0; i < t.n; ++i) {
+    int64_t rows, cols;
+    as_2d(*inputs[i], &rows, &cols);
+    t.in[i] = static_cast<const InT*>(inputs[i]->data);
+    t.out[i] = static_cast<OutT*>(outputs[i]->data);
+    t.out_t[i] = static_cast<OutT*>(outputs_t[i]->data);
+    t.scale[i] = outputs[i]->scale;
+    t.amax[i] = outputs[i]->amax;
+    t.scale_inv[i] = outputs[i]->scale_inv;
+    t.rows[i] = rows;
+    t.cols[i] = cols;
+    const int64_t tiles = ((rows + T::kDim - 1) / T::kDim) * ((cols + T::kDim - 1) / T::kDim);
+    t.first_tile[i + 1] = t.first_tile[i] + (tiles > 0 ? tiles : 1);
+    aligned = aligned && rows % T::kSeg == 0 && cols % T::kSeg == 0 && aligned16(t.in[i]) &&
+              aligned16(t.out[i]) && aligned16(t.out_t[i]);
+  }
+  TE_CHECK_ARG(t.first_tile[t.n] < (int64_t(1) << 31), "tensors too large for one launch");
+  const unsigned grid = unsigned(t.first_tile[t.n]);
+  cudaStream_t s = to_stream(stream);
+  GridScaling g{};
+  if (current != nullptr) {
+    g = *current;
+    auto kernel = aligned ? multi_cast_transpose_kernel<InT, OutT, true, true>
+                          : multi_cast_transpose_kernel<InT, OutT, false, true>;
+    if (rows::resident_blocks(kernel, kThreads, 0, grid) == int64_t(grid)) {
+      void* args[] = {&t, &g};
+      if (cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
+                                      dim3(kThreads), args, 0, s) == cudaSuccess)
+        return;
+      (void)cudaGetLastError();  // refused (too large or unsupported): the two-launch way
+    }
+    launch_current_scales(inputs, n, g.amax, g.counter, g.scale, g.scale_inv, g.fp8_max, stream);
+  }
+  if (aligned)
+    multi_cast_transpose_kernel<InT, OutT, true, false><<<grid, kThreads, 0, s>>>(t, g);
+  else
+    multi_cast_transpose_kernel<InT, OutT, false, false><<<grid, kThreads, 0, s>>>(t, g);
+  check_launch("multi_cast_transpose_kernel");
+}
+
+void check_multi_args(int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
+                      NVTETensor* const* outputs_t) {
+  TE_CHECK_ARG(n >= 1 && n <= kMaxMultiTensors, "n is ", n, "; expected 1 to ", kMaxMultiTensors);
+  TE_CHECK_ARG(inputs != nullptr && outputs != nullptr && outputs_t != nullptr,
+               "inputs, outputs and outputs_t must be arrays of n descriptors");
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rows, cols;
+    check_cast_transpose_args(inputs[i], outputs[i], outputs_t[i], &rows, &cols);
+    TE_CHECK_ARG(inputs[i]->dtype == inputs[0]->dtype, "inputs[", i, "] has dtype ",
+                 nvte_dtype_name(inputs[i]->dtype), "; expected inputs[0]'s dtype ",
+                 nvte_dtype_name(inputs[0]->dtype));
+    TE_CHECK_ARG(outputs[i]->dtype == outputs[0]->dtype, "outputs[", i, "] has dtype ",
+                 nvte_dtype_name(outputs[i]->dtype), "; expected outputs[0]'s dtype ",
+                 nvte_dtype_name(outputs[0]->dtype));
+  }
+}
+
+void launch_multi(int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
+                  NVTETensor* const* outputs_t, const GridScaling* current, NVTEStream stream) {
+  TE_SWITCH_HP(inputs[0]->dtype, InT, "input",
+    TE_SWITCH_FP8(outputs[0]->dtype, OutT, "output",
+      launch_multi_cast_transpose<InT, OutT>(n, inputs, outputs, outputs_t, current, stream)));
+}
+
 }  // namespace
 }  // namespace tile_transpose
 }  // namespace te
@@ -114,6 +194,33 @@ extern "C" NVTEStatus nvte_cast_transpose(const NVTETensor* input, NVTETensor* o
     int64_t rows, cols;
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
     launch_cast_transpose<false>(*input, *output, *output_t, rows, cols, nullptr, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* const* inputs,
+                                                NVTETensor* const* outputs,
+                                                NVTETensor* const* outputs_t, NVTEStream stream) {
+  return guard("nvte_cast_transpose_multi", [&] {
+    check_multi_args(n, inputs, outputs, outputs_t);
+    launch_multi(n, inputs, outputs, outputs_t, nullptr, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_cast_transpose_multi_current_scaling(
+    int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
+    NVTETensor* const* outputs_t, float* amax, int* counter, float* scale, float* scale_inv,
+    float fp8_max, NVTEStream stream) {
+  return guard("nvte_cast_transpose_multi_current_scaling", [&] {
+    check_multi_args(n, inputs, outputs, outputs_t);
+    TE_CHECK_ARG(amax && counter && scale && scale_inv,
+                 "amax, counter, scale and scale_inv must all be device pointers");
+    TE_CHECK_ARG(fp8_max > 0.f && std::isfinite(fp8_max), "fp8_max is ", fp8_max,
+                 "; expected a positive finite number");
+    for (int64_t i = 0; i < n; ++i)
+      TE_CHECK_ARG(outputs[i]->scale == scale + i && outputs[i]->amax == nullptr, "outputs[", i,
+                   "] must have scale pointer scale + ", i, " and no amax pointer");
+    const GridScaling g{amax, counter, scale, scale_inv, fp8_max, static_cast<int>(n)};
+    launch_multi(n, inputs, outputs, outputs_t, &g, stream);
   });
 }
 

@@ -61,13 +61,13 @@ constexpr int kBlocksOneInput = 4, kBytesOneInput = 64, kBlocksDact = 3, kBytesD
 #endif
 
 template <class Producer, bool kSums>
-constexpr int min_blocks_per_sm() {
+__host__ __device__ constexpr int min_blocks_per_sm() {
   return Producer::kInputs == 1 ? (kSums ? 2 : kBlocksOneInput)
                                 : (Producer::kInputs == 2 && kSums ? kBlocksDact : 2);
 }
 
 template <class Producer, bool kSums>
-constexpr int load_budget_bytes() {
+__host__ __device__ constexpr int load_budget_bytes() {
   return Producer::kInputs == 1 ? (kSums ? 128 : kBytesOneInput)
                                 : (Producer::kInputs == 2 && kSums ? kBytesDact : 128);
 }
@@ -75,7 +75,7 @@ constexpr int load_budget_bytes() {
 // Passes of phase 1 whose loads are issued together: as many as the budget above holds, at least
 // one.
 template <class Producer, bool kSums, int kSeg, int kPasses>
-constexpr int load_group() {
+__host__ __device__ constexpr int load_group() {
   constexpr int kBytesPerPass = Producer::kInputs * kSeg * int(sizeof(typename Producer::InT));
   constexpr int g = load_budget_bytes<Producer, kSums>() / kBytesPerPass;
   return g < 1 ? 1 : (g > kPasses ? kPasses : g);
@@ -133,12 +133,14 @@ __device__ __forceinline__ void store_final_sum(void* dbias, int dtype, int64_t 
 // kSums: one fp32 column sum of the unrounded values per column and row of tiles goes to
 // partial[row_tile, col] (skipped when partial is null), or straight into dbias (dtype
 // dbias_dtype) when dbias is not null (an input of one row of tiles: the sums are final).
+// One block's work: tile number `tile` of the result (row-major over the tiles). The kernels
+// below call it with their block's tile (one tensor) or a tile of one of several tensors.
 template <class Producer, typename OutT, bool kCast, bool kAligned, bool kSums>
-__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<Producer, kSums>()))
-tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restrict__ out_t,
-                      int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
-                      float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr,
-                      float* __restrict__ partial, void* __restrict__ dbias, int dbias_dtype) {
+__device__ __forceinline__ void transpose_tile(
+    const Producer& prod, OutT* __restrict__ out, OutT* __restrict__ out_t, int64_t rows,
+    int64_t cols, const float* __restrict__ scale_ptr, float* __restrict__ amax_ptr,
+    float* __restrict__ scale_inv_ptr, float* __restrict__ partial, void* __restrict__ dbias,
+    int dbias_dtype, int64_t tile) {
   using T = Tile<OutT>;
   using InT = typename Producer::InT;
   constexpr int kSeg = T::kSeg;
@@ -151,14 +153,14 @@ tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restr
   __shared__ float col_sums[kSums ? kWarps : 1][kSums ? T::kDim : 1];
 
   const int64_t col_tiles = cols > 0 ? (cols + T::kDim - 1) / T::kDim : 1;
-  const int64_t row_tile = blockIdx.x / col_tiles;
+  const int64_t row_tile = tile / col_tiles;
   const int64_t row0 = row_tile * T::kDim;
-  const int64_t col0 = (blockIdx.x % col_tiles) * T::kDim;
+  const int64_t col0 = (tile % col_tiles) * T::kDim;
   const int seg = threadIdx.x % kSegsPerRow;
   float scale = 1.f;
   if (kCast) {
     scale = *scale_ptr;
-    if (scale_inv_ptr != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv_ptr = 1.f / scale;
+    if (scale_inv_ptr != nullptr && tile == 0 && threadIdx.x == 0) *scale_inv_ptr = 1.f / scale;
   }
   float amax = 0.f;
   float sums[kSums ? kSeg : 1];
@@ -273,6 +275,135 @@ tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restr
     amax = block_reduce_max(amax, scratch);
     if (threadIdx.x == 0) atomic_max_nonneg(amax_ptr, amax);
   }
+}
+
+template <class Producer, typename OutT, bool kCast, bool kAligned, bool kSums>
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<Producer, kSums>()))
+tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restrict__ out_t,
+                      int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
+                      float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr,
+                      float* __restrict__ partial, void* __restrict__ dbias, int dbias_dtype) {
+  transpose_tile<Producer, OutT, kCast, kAligned, kSums>(prod, out, out_t, rows, cols, scale_ptr,
+                                                         amax_ptr, scale_inv_ptr, partial, dbias,
+                                                         dbias_dtype, blockIdx.x);
+}
+
+// ----- several tensors in one launch -----------------------------------------------------------
+// The FP8 casts+transposes of one step (a Linear's input and weight) as one grid: on a small,
+// host-bound step a launch costs more than the kernel. Tensor i owns tiles [first_tile[i],
+// first_tile[i + 1]) of the grid, at least one (an empty tensor's block writes its scale_inv,
+// as the single launch does). Each tile is computed exactly as tile_transpose_kernel computes it.
+constexpr int kMaxMultiTensors = 4;
+
+template <typename InT, typename OutT>
+struct MultiCastTable {
+  const InT* in[kMaxMultiTensors];
+  OutT* out[kMaxMultiTensors];
+  OutT* out_t[kMaxMultiTensors];
+  const float* scale[kMaxMultiTensors];
+  float* amax[kMaxMultiTensors];
+  float* scale_inv[kMaxMultiTensors];
+  int64_t rows[kMaxMultiTensors], cols[kMaxMultiTensors];
+  int64_t first_tile[kMaxMultiTensors + 1];
+  int n;
+};
+
+// Float8CurrentScaling inside the cast: the scales come from the amax of the inputs, so every
+// block needs the amax of all of its tensor's tiles before it casts. With every block of the
+// grid resident at once (a cooperative launch: the host checks that the grid fits), the blocks
+// meet at a grid-wide barrier: each maxes its tile into amax[i] and counts itself in; once all
+// have, each computes scale[i] the way nvte_current_scaling_scales does (same bits), the first
+// tile's block stores it, and the block that counts last a second time leaves amax and counter
+// zero. On a small, host-bound step this saves the launch of the scales kernel.
+struct GridScaling {
+  float* amax;       // [n] zero on entry, left zero
+  int* counter;      // zero on entry, left zero
+  float* scale;      // [n] read (kept when the amax is 0 or not finite), then written
+  float* scale_inv;  // [n] written
+  float fp8_max;
+  int n;
+};
+
+// This thread's part of the amax of the values its block will quantize (phase 1's positions).
+template <class Producer, typename OutT, bool kAligned>
+__device__ float tile_amax(const Producer& prod, int64_t rows, int64_t cols, int64_t tile) {
+  using T = Tile<OutT>;
+  constexpr int kSeg = T::kSeg;
+  const int64_t col_tiles = cols > 0 ? (cols + T::kDim - 1) / T::kDim : 1;
+  const int64_t row0 = (tile / col_tiles) * T::kDim, col0 = (tile % col_tiles) * T::kDim;
+  const int64_t gc = col0 + (threadIdx.x % kSegsPerRow) * kSeg;
+  float amax = 0.f;
+#pragma unroll
+  for (int p = 0; p < T::kPasses; ++p) {
+    const int64_t gr = row0 + p * T::kRowsPerPass + threadIdx.x / kSegsPerRow;
+    Vec<typename Producer::InT, kSeg> x[Producer::kInputs];
+    if (kAligned) {
+      if (gr < rows && gc < cols) {
+        prod.load_seg(x, gr, gc);
+#pragma unroll
+        for (int k = 0; k < kSeg; ++k) amax = amax_step(amax, prod.value(x, k, gc));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kSeg; ++k)
+        if (gr < rows && gc + k < cols) {
+          prod.load_one(x, k, gr, gc + k);
+          amax = amax_step(amax, prod.value(x, k, gc + k));
+        }
+    }
+  }
+  return amax;
+}
+
+// The scale of tensor i for this block, in *s_scale (all blocks co-resident: see above).
+__device__ __forceinline__ void grid_current_scale(float amax, int i, int64_t tile,
+                                                   const GridScaling& g, float* s_scale,
+                                                   float* scratch) {
+  amax = block_reduce_max(amax, scratch);
+  if (threadIdx.x == 0) {
+    const float old = g.scale[i];  // read before the barrier, written only after it
+    atomic_max_nonneg(g.amax + i, amax);
+    __threadfence();
+    const int blocks = int(gridDim.x);
+    atomicAdd(g.counter, 1);
+    while (atomicOr(g.counter, 0) < blocks) {
+    }
+    __threadfence();
+    const float a = __int_as_float(atomicOr(reinterpret_cast<int*>(g.amax + i), 0));
+    float s = old;
+    const float candidate = g.fp8_max / a;
+    if (a > 0.f && isfinite(a) && isfinite(candidate)) s = candidate;
+    *s_scale = s;
+    if (tile == 0) {
+      g.scale[i] = s;
+      g.scale_inv[i] = 1.f / s;
+    }
+    if (atomicAdd(g.counter, 1) == 2 * blocks - 1) {  // every block has read its amax
+      for (int j = 0; j < g.n; ++j) atomicExch(g.amax + j, 0.f);
+      atomicExch(g.counter, 0);
+    }
+  }
+  __syncthreads();
+}
+
+template <typename InT, typename OutT, bool kAligned, bool kCurrent>
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<CopyProducer<InT>, false>()))
+multi_cast_transpose_kernel(const MultiCastTable<InT, OutT> t, const GridScaling g) {
+  int i = 0;
+  while (i + 1 < t.n && int64_t(blockIdx.x) >= t.first_tile[i + 1]) ++i;
+  const int64_t tile = blockIdx.x - t.first_tile[i];
+  const CopyProducer<InT> prod{t.in[i], t.cols[i]};
+  const float* scale = t.scale[i];
+  if constexpr (kCurrent) {
+    __shared__ float s_scale;
+    __shared__ float scratch[kThreads / TE_LOGICAL_WARP_SIZE + 1];
+    grid_current_scale(tile_amax<CopyProducer<InT>, OutT, kAligned>(prod, t.rows[i], t.cols[i], tile),
+                       i, tile, g, &s_scale, scratch);
+    scale = &s_scale;
+  }
+  transpose_tile<CopyProducer<InT>, OutT, true, kAligned, false>(
+      prod, t.out[i], t.out_t[i], t.rows[i], t.cols[i], scale, t.amax[i], t.scale_inv[i],
+      nullptr, nullptr, 0, tile);
 }
 
 // Launches the kernel over the [rows, cols] result. `partial` (kSums only) is null or

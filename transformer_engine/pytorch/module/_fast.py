@@ -16,7 +16,6 @@ from .. import native
 from ..ops.gemm import EPILOGUE_BGRADB, EPILOGUE_BIAS, EPILOGUE_NONE, gemm_workspace_raw
 
 _CODE = native.DTYPE_CODE
-_AMAX_MOST_RECENT = 1
 
 
 class NativeCall:
@@ -89,16 +88,15 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
     """(fp8 dtype, amax pointer for the cast or 0, scale pointer) of one cast.
 
     DelayedScaling: the module's scale, amax recorded into the history row. Current scaling:
-    amax into the (1-row) history, then the update kernel turns it into the scale (fp8_max /
-    amax, clearing the row again), then the cast: three launches, no torch ops."""
+    one launch computes the amax and the scale (current_scaling_scales, with the 1-row history
+    as its amax scratch), then the cast: two launches, no torch ops."""
     ptrs = rs._ptrs or rs._pointers()
-    hist, scale, sinv_state, fp8_max = ptrs[0] if forward else ptrs[1]
+    hist, scale, sinv_state, fp8_max, counter = ptrs[0] if forward else ptrs[1]
     off = 4 * slot
     if rs.delayed:
         return (rs.fwd_dtype if forward else rs.bwd_dtype), hist + off, scale + off
-    nc.mod.compute_amax(x_desc, hist + off, nc.stream)
-    nc.mod.delayed_scaling_update([(hist + off, scale + off, sinv_state + off, 1, 1, fp8_max)],
-                                  _AMAX_MOST_RECENT, 0.0, nc.stream)
+    nc.mod.current_scaling_scales([x_desc], hist + off, counter, scale + off, sinv_state + off,
+                                  fp8_max, nc.stream)
     return (rs.fwd_dtype if forward else rs.bwd_dtype), 0, scale + off
 
 

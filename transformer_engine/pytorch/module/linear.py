@@ -191,11 +191,11 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                                      is_first_microbatch, nc)
         w_ptr = w_code = wq_t = 0
         wq, wq_code, w_sinv_ptr = data.data_ptr(), _CODE[data.dtype], w_sinv.data_ptr()
-    hist, scale, scale_inv, fp8_max = (rs._ptrs or rs._pointers())[0]
+    hist, scale, scale_inv, fp8_max, counter = (rs._ptrs or rs._pointers())[0]
     y = torch.empty(tokens, out_features, dtype=dtype, device=device)
     nc.mod.linear_fp8_forward(
         x2d.data_ptr(), _CODE[x2d.dtype], tokens, in_features, w_ptr, w_code, out_features, fresh_w,
-        hist, scale, scale_inv, fp8_max, rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
+        hist, scale, scale_inv, counter, fp8_max, rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
         wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
         bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
         nc.ws_ptr, nc.ws_size, nc.stream)
@@ -271,14 +271,21 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
         else:
             out = dw = torch.empty(out_features, in_features, dtype=ctx.dtype, device=device)
         dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
-    hist, scale, scale_inv, fp8_max = (rs._ptrs or rs._pointers())[1]
+    hist, scale, scale_inv, fp8_max, counter = (rs._ptrs or rs._pointers())[1]
+    # the backward that finishes a delayed-scaling step launches the step's update itself
+    step = ctx.fi.step
+    final = step.take_final_update() if step is not None else None
     nc.mod.linear_fp8_backward(
         dy.data_ptr(), _CODE[dy.dtype], tokens, out_features, in_features,
-        hist, scale, scale_inv, fp8_max, rs.delayed, code,
+        hist, scale, scale_inv, counter, fp8_max, rs.delayed, code,
         bp, bp + n if need_wgrad else 0, bp + n + n_t, db_ptr, db_code, bp + n + n_t + _fast._ALIGN,
         ws_elems, w_t, w_code, w_sinv_ptr, dx.data_ptr() if need_dgrad else 0, _CODE[ctx.dtype],
-        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.ws_ptr, nc.ws_size, nc.stream)
+        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.ws_ptr, nc.ws_size, nc.stream,
+        *(final or _NO_UPDATE))
     return dx, dw, db
+
+
+_NO_UPDATE = (None, 0, 0.0)
 
 
 def _split_names(parameters_split, out_features):

@@ -9,6 +9,15 @@
  * needs both the row-major and the transposed FP8 copy: cast_transpose makes the two in one pass
  * over the input. The row-major and transposed outputs share scale, scale_inv and amax, which
  * are taken from `output`. Tensors with more than two dims are viewed as [prod(leading), last].
+ * cast_transpose_multi does the cast_transpose of n (1..4) tensors in one launch, with the same
+ * bits as n separate calls (a step's input and weight: on a small step the launch costs more host
+ * time than the kernel); the inputs share one high-precision dtype, the outputs one FP8 dtype,
+ * and each output has its own scale, scale_inv and amax. Arguments are checked as for n calls.
+ * cast_transpose_multi_current_scaling computes the scales first (Float8CurrentScaling, as
+ * nvte_current_scaling_scales in recipe.h computes them into scale[i] / scale_inv[i], with amax
+ * and counter as its zeroed scratch), then casts each input with its scale: outputs[i].scale
+ * must be scale + i and outputs[i].amax NULL. One launch when the grid fits on the device at
+ * once (a cooperative launch), two otherwise; the same bits either way.
  *
  * Fusions of cast_transpose (one read of each input; FP8 outputs only; `output` may have any
  * shape with rows * cols elements, `output_t` is [cols, rows]; q, amax and scale_inv as above,
@@ -49,6 +58,15 @@ NVTEStatus nvte_transpose(const NVTETensor* input, NVTETensor* output, NVTEStrea
 
 NVTEStatus nvte_cast_transpose(const NVTETensor* input, NVTETensor* output,
                                NVTETensor* output_t, NVTEStream stream);
+
+NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* const* inputs,
+                                     NVTETensor* const* outputs, NVTETensor* const* outputs_t,
+                                     NVTEStream stream);
+
+NVTEStatus nvte_cast_transpose_multi_current_scaling(
+    int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
+    NVTETensor* const* outputs_t, float* amax, int* counter, float* scale, float* scale_inv,
+    float fp8_max, NVTEStream stream);
 
 NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETensor* output,
                                      NVTETensor* output_t, NVTETensor* dbias,
