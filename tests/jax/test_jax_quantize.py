@@ -1,6 +1,7 @@
 """The jnp twins of the cast and scaling ops: bit for bit against the torch references (the
 oracle of the native kernels) and against the Python model of the recipe maths."""
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ FLAVORS = [("e4m3", "ocp", torch.float8_e4m3fn), ("e5m2", "ocp", torch.float8_e5
 @pytest.mark.parametrize("shape", [(37, 23), (0, 16), (4, 8, 32)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_quantize_matches_torch_reference(fmt, flavor, torch_dtype, shape, dtype):
-    rng = np.random.default_rng(abs(hash((shape, dtype, fmt))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((shape, str(dtype), fmt)).encode()))  # same in every process
     x32 = (rng.standard_normal(shape) * 50).astype(np.float32)
     xt = torch.from_numpy(x32).to(getattr(torch, dtype))
     xj = jax.device_put(jnp.asarray(x32), CPU).astype(getattr(jnp, dtype))

@@ -1,4 +1,6 @@
 """Helpers of the PyTorch suites: devices to run on, with the reason a device is skipped."""
+import zlib
+
 import pytest
 import torch
 
@@ -18,6 +20,12 @@ requires_native_gpu = pytest.mark.skipif(bool(native_gpu_reason()), reason=nativ
 
 # Devices every op is checked on: the reference backend always, the native one where it exists.
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_native_gpu)]
+
+
+def stable_seed(*key, modulo: int = 10_000) -> int:
+    """A seed from a test's parameters that is the same in every process (Python's hash() of
+    strings is randomised per process, which made failures unrepeatable)."""
+    return zlib.crc32(repr(tuple(str(k) for k in key)).encode()) % modulo
 
 
 def seeded(seed: int) -> torch.Generator:

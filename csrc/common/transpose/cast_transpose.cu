@@ -84,6 +84,16 @@ void launch_cast_transpose(const NVTETensor& input, const NVTETensor& output,
           dbias_dtype)));
 }
 
+// Whether the stream is being captured into a graph (or cannot be asked: then treated as such).
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // current == nullptr: the outputs' own scales. Otherwise Float8CurrentScaling (GridScaling above;
 // outputs[i].scale == current->scale + i): one cooperative launch when the whole grid fits on
 // the device at once, else the scales kernel and then the plain casts.
@@ -118,15 +128,21 @@ void launch_multi_cast_transpose(int64_t n, const NVTETensor* const* inputs,
   GridScaling g{};
   if (current != nullptr) {
     g = *current;
+#if TE_PLATFORM_CUDA  // (AMD: the two-launch way; the grid barrier is untested there)
     auto kernel = aligned ? multi_cast_transpose_kernel<InT, OutT, true, true>
                           : multi_cast_transpose_kernel<InT, OutT, false, true>;
-    if (rows::resident_blocks(kernel, kThreads, 0, grid) == int64_t(grid)) {
+    // At most half of what fits on an idle device: blocks of other streams' kernels (a
+    // communication kernel, say) may hold part of it, and a cooperative grid waits until it fits
+    // whole. Not under graph capture (kept to plain launches there).
+    const int64_t half = rows::resident_blocks(kernel, kThreads, 0, 2 * int64_t(grid)) / 2;
+    if (half >= int64_t(grid) && !stream_capturing(s)) {
       void* args[] = {&t, &g};
       if (cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
                                       dim3(kThreads), args, 0, s) == cudaSuccess)
         return;
-      (void)cudaGetLastError();  // refused (too large or unsupported): the two-launch way
+      (void)cudaGetLastError();  // refused (unsupported): the two-launch way
     }
+#endif
     launch_current_scales(inputs, n, g.amax, g.counter, g.scale, g.scale_inv, g.fp8_max, stream);
   }
   if (aligned)
