@@ -166,6 +166,9 @@ bool matrix_units_allowed();
 // and the caller runs the FMA kernels. dK/dV and dQ run after the delta pass.
 bool tensor_cores_usable();
 bool forward_tc(const AttnArgs& a);
+// The forward on Hopper's warpgroup MMA (portable_fwd_wgmma.cu: NVIDIA sm_90a code on a
+// compute capability 9.0 device); false elsewhere, and the caller runs forward_tc.
+bool forward_wgmma(const AttnArgs& a);
 bool backward_tc(const AttnArgs& a, const KernelArgs& k);
 // The single-pass tensor-core backward (portable_bwd_tc_atomic.cu): dQ summed with fp32 atomics
 // into k.dq_acc, which the delta pass zeroes; false where it cannot run (no accumulator: a

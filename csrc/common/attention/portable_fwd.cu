@@ -215,9 +215,12 @@ bool portable::matrix_units_allowed() {
 }
 
 void portable_forward(const AttnArgs& args) {
-  // The one choice of kernel: the tensor cores (NVIDIA sm_80+), else the FMA kernel (AMD, or
-  // the 'fma' variant). The backward (portable_bwd.cu) chooses the same way.
-  if (portable::matrix_units_allowed() && portable::forward_tc(args)) return;
+  // The one choice of kernel: Hopper's warpgroup MMA (NVIDIA sm_90a), else the register-level
+  // tensor cores (NVIDIA sm_80+), else the FMA kernel (AMD, or the 'fma' variant). The
+  // backward (portable_bwd.cu) chooses the same way.
+  if (portable::matrix_units_allowed() &&
+      (portable::forward_wgmma(args) || portable::forward_tc(args)))
+    return;
   if (args.p.dtype == kNVTEFloat16) portable::forward_for_type<fp16>(args);
   else portable::forward_for_type<bf16>(args);
 }

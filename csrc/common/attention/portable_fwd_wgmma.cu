@@ -1,0 +1,306 @@
+// Portable attention forward on Hopper's warpgroup MMA (portable_wgmma.cuh), the NVIDIA sm_90a
+// path; forward_wgmma() declines elsewhere and portable_forward() runs the mma.sync kernel
+// (portable_fwd_tc.cu), which also keeps every other NVIDIA arch.
+//
+// One block per (BQ = 64 WARPGROUPS query rows, query head, sequence); warpgroup w owns rows
+// 64 w .. 64 w + 63. The Q tile stays in shared memory; K and V tiles of BK rows stream through
+// two shared-memory stages each (cp.async by every thread, one commit group per tile). Per key
+// tile t and warpgroup, software-pipelined so that the softmax overlaps a product:
+//   issue S_t = Q K_t^T and O += P_{t-1} V_{t-1}   (asynchronous, in this order)
+//   wait for S_t; online softmax of S_t in registers -> P_t (16-bit, the A operand of the next
+//   product), the row maxima's rescale factor alpha_t
+//   wait for the P V product; O *= alpha_t
+// so the exponentials of tile t run while the tensor cores still multiply tile t - 1. Heavy
+// (late, for causal masks) query tiles are scheduled first, as in the mma.sync kernel; the
+// softmax statistics (LSE) are written in the same layout, which the backward reads.
+#include "attention/portable_wgmma.cuh"
+#include "util/error.h"
+
+namespace te {
+namespace attention {
+namespace portable {
+
+#if TE_HAS_MMA_SYNC
+namespace {
+
+template <int D, int WARPGROUPS_, int BK_, bool TAKE_TURNS_>
+struct WgmmaFwdShapeOf {
+  static constexpr int WARPGROUPS = WARPGROUPS_, BQ = 64 * WARPGROUPS, BK = BK_;
+  // TAKE_TURNS: the warpgroups issue their products of a tile one after another (named
+  // barriers), so the first one's scores are ready first and its softmax runs while the tensor
+  // cores still work for the others, instead of every softmax starting at once
+  static constexpr bool TAKE_TURNS = TAKE_TURNS_;
+  static constexpr int NT = WARPGROUPS * wgmma::kWarpgroup;
+  // swizzled tiles: every one starts on a 1024-byte boundary (sizes are multiples of 1024)
+  static constexpr size_t kTileK = size_t(BK) * D * 2;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + size_t(BQ) * D * 2;
+  static constexpr size_t kV = kK + 2 * kTileK;
+  static constexpr size_t kBytes = kV + 2 * kTileK;
+  static constexpr size_t kAlign = 1024;  // requested past the dynamic-smem base, see kernel
+  // V as the MN-major B operand of P V (portable_wgmma.cuh): 64-column blocks BK rows apart,
+  // 8-row atoms 1024 bytes apart
+  static constexpr uint32_t kVLead = uint32_t(BK) * wgmma::kRowBytes, kVStride = 1024;
+};
+// One block an SM either way (registers). Measured on an H100 (bf16, TFLOP/s, full / causal;
+// D = 128 at 4x32x4096 and 1x32x16384, D = 64 at 8x16x2048; the mma.sync kernel: 261 / 242,
+// 273 / 247, 186 / 152), against 2 warpgroups x 128 keys, 3 x 64 and 4 x 64 (D = 64 only:
+// spills at D = 128), with and without turn-taking:
+//   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns: 391 / 344, 432 / 369 (with
+//            turns 379 / 337, 424 / 368; 2 x 128 with turns 380 / 341, 395 / 359). 64-key S
+//            tiles keep O, S, P and the next P within 168 registers.
+//   D = 64:  2 warpgroups, 128-key tiles, turns: 271 / 192 (3 x 64: 266 / 182; 4 x 64 with
+//            turns: 288 / 188)
+template <int D>
+using WgmmaFwdShape = typename std::conditional<D == 128, WgmmaFwdShapeOf<128, 3, 64, false>,
+                                                WgmmaFwdShapeOf<64, 2, 128, true>>::type;
+
+// Online softmax of one warp's [16 x BK] rows of S (raw Q K^T) for key tile k0: masks what the
+// rows cannot see, updates the running row max m (log2 domain, scaled) and the thread's partial
+// row sum l, packs P = exp2(S scale_log2 - m) into A fragments and returns the factor alpha by
+// which the previous O rows shrink.
+template <typename T, int BK>
+__device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], uint32_t (&p)[BK / 16][4],
+                                             float (&m_row)[2], float (&l_row)[2],
+                                             float (&alpha)[2], const KernelArgs& a,
+                                             const SeqGeom& geo, int off, int row0, int k0,
+                                             int lane) {
+  constexpr int SN = BK / 8;
+  const int g = lane / 4, quad = lane % 4;
+  if (!tc::tile_all_visible(a, off, row0, row0 + 16, k0, k0 + BK, geo.lk)) {
+#pragma unroll
+    for (int n = 0; n < SN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row0 + g + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
+        if (!visible(a, off, i, j, geo.lq, geo.lk)) s[4 * n + e] = kNegInf;
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // four independent chains per reduction (constant indices: an array indexed by a loop
+    // counter that the compiler does not unroll goes to the stack)
+    float acc[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+#pragma unroll
+    for (int n = 0; n < SN; ++n)
+      acc[n % 4] = fmaxf(acc[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+    const float mx = fmaxf(fmaxf(acc[0], acc[1]), fmaxf(acc[2], acc[3]));
+    // the max of the raw scores, scaled once: scale_log2 > 0 (forward_wgmma declines others)
+    const float m_new = fmaxf(m_row[r], tc::quad_max(mx) * a.scale_log2);
+    const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
+    alpha[r] = fast_exp2_ftz(m_row[r] - m_use);
+    m_row[r] = m_new;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = 0.f;
+#pragma unroll
+    for (int n = 0; n < SN; ++n) {
+      s[4 * n + 2 * r] = fast_exp2_ftz(fmaf(s[4 * n + 2 * r], a.scale_log2, -m_use));
+      s[4 * n + 2 * r + 1] = fast_exp2_ftz(fmaf(s[4 * n + 2 * r + 1], a.scale_log2, -m_use));
+      acc[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+    }
+    l_row[r] = l_row[r] * alpha[r] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  }
+  tc::pack_a<T, BK>(p, reinterpret_cast<const float(&)[SN][4]>(s));
+}
+
+template <typename T, int D, typename Shape>
+__global__ void __launch_bounds__(Shape::NT, 1) attention_fwd_wgmma_kernel(KernelArgs a) {
+  constexpr int BQ = Shape::BQ, BK = Shape::BK, NT = Shape::NT;
+  constexpr int KSTEPS = D / 16, PSTEPS = BK / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // the swizzle atoms need 1024-byte alignment; the launch asks for kAlign bytes of slack
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + Shape::kAlign - 1) & ~uintptr_t(Shape::kAlign - 1));
+  T* q_s = reinterpret_cast<T*>(smem + Shape::kQ);
+  T* k_s = reinterpret_cast<T*>(smem + Shape::kK);
+  auto k_stage = [&](int st) { return smem + Shape::kK + st * Shape::kTileK; };
+  auto v_stage = [&](int st) { return smem + Shape::kV + st * Shape::kTileK; };
+
+  const int wg = threadIdx.x / wgmma::kWarpgroup;
+  const int warp = (threadIdx.x % wgmma::kWarpgroup) / tc::kLanes, lane = threadIdx.x % tc::kLanes;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const SeqGeom geo = seq_geom(a, b);
+  if (q0 >= geo.lq) return;
+  const int hk = h / (a.hq / a.hkv);
+  const int off = diag_offset(a, geo);
+  const T* qg = static_cast<const T*>(a.q) + geo.q_base + int64_t(h) * D;
+  const T* kg = static_cast<const T*>(a.k) + geo.kv_base + int64_t(hk) * D;
+  const T* vg = static_cast<const T*>(a.v) + geo.kv_base + int64_t(hk) * D;
+  int lo, hi;
+  key_range(a, off, q0, min(q0 + BQ, geo.lq), geo.lk, &lo, &hi);
+  const int k_first = (lo / BK) * BK;
+  const int tiles = k_first < hi ? (hi - k_first + BK - 1) / BK : 0;
+
+  wgmma::load_tile_swizzled<T, BQ, D, NT>(q_s, qg, a.q_tok_stride, q0, geo.lq);
+  if (tiles > 0)
+    wgmma::load_tile_swizzled<T, BK, D, NT>(k_s, kg, a.kv_tok_stride, k_first, geo.lk);
+  mma_sync::cp_async_commit();
+
+  // this warpgroup's Q rows: column block c of D / 64 at q_s + c BQ 128 + wg 64 128 bytes
+  const unsigned char* q_wg = smem + Shape::kQ + wg * 64 * wgmma::kRowBytes;
+  auto qk_product = [&](float (&s)[BK / 2], int st) {
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      const int blk = kk / 4, within = (kk % 4) * 32;
+      wgmma::mma_ss<T, BK>(
+          s, wgmma::kmajor_desc(q_wg + blk * BQ * wgmma::kRowBytes + within),
+          wgmma::kmajor_desc(k_stage(st) + blk * BK * wgmma::kRowBytes + within), kk > 0);
+    }
+  };
+  auto pv_product = [&](float (&o)[D / 2], const uint32_t (&p)[PSTEPS][4], int st) {
+#pragma unroll
+    for (int kk = 0; kk < PSTEPS; ++kk)
+      wgmma::mma_rs<T, D>(o, p[kk],
+                          wgmma::descriptor(v_stage(st) + kk * 16 * wgmma::kRowBytes,
+                                            Shape::kVLead, Shape::kVStride),
+                          1);
+  };
+
+  float o[D / 2], s[BK / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  uint32_t p[PSTEPS][4];
+  float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.f, 0.f}, alpha[2];
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query row
+
+  // Copies of tile t: waits for K_t and V_{t-1} (issued one tile earlier), then starts
+  // K_{t+1} and V_t into the stages that K_{t-1} and V_{t-2} held.
+  auto next_copies = [&](int t) {
+    const int k0 = k_first + t * BK;
+    mma_sync::cp_async_wait<0>();  // this thread's copies landed
+    wgmma::fence_async_shared();
+    __syncthreads();  // ... every thread's; every warpgroup is done with K_{t-1} and V_{t-2}
+    if (t + 1 < tiles)
+      wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(k_stage((t + 1) % 2)), kg,
+                                              a.kv_tok_stride, k0 + BK, geo.lk);
+    wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(v_stage(t % 2)), vg,
+                                            a.kv_tok_stride, k0, geo.lk);
+    mma_sync::cp_async_commit();
+  };
+  // The first tile apart and no branch around the products in the loop: ptxas tracks which
+  // registers an in-flight product still reads only through straight-line commit / wait pairs.
+  // turn-taking: warpgroup w waits on barrier 1 + w, then hands the turn to the next one; the
+  // last one hands the first tile's turn to warpgroup 0 in advance
+  constexpr int kTurnThreads = 2 * wgmma::kWarpgroup, NWG = Shape::WARPGROUPS;
+  auto take_turn = [&] {
+    if constexpr (Shape::TAKE_TURNS) wgmma::barrier_sync(1 + wg, kTurnThreads);
+  };
+  auto pass_turn = [&] {
+    if constexpr (Shape::TAKE_TURNS) wgmma::barrier_arrive(1 + (wg + 1) % NWG, kTurnThreads);
+  };
+  if (tiles > 0) {
+    if (Shape::TAKE_TURNS && wg == NWG - 1) pass_turn();
+    next_copies(0);
+    take_turn();
+    wgmma::fence();
+    qk_product(s, 0);
+    wgmma::commit();
+    pass_turn();
+    wgmma::wait<0>();
+    wgmma::pin(s);
+    softmax_tile<T, BK>(s, p, m_row, l_row, alpha, a, geo, off, row0, k_first, lane);
+  }
+  for (int t = 1; t < tiles; ++t) {
+    next_copies(t);
+    take_turn();
+    wgmma::fence();
+    qk_product(s, t % 2);
+    wgmma::commit();
+    pv_product(o, p, (t - 1) % 2);
+    wgmma::commit();
+    pass_turn();
+    wgmma::wait<1>();  // S_t done; P_{t-1} V_{t-1} may still run
+    wgmma::pin(s);
+    uint32_t p_next[PSTEPS][4];
+    softmax_tile<T, BK>(s, p_next, m_row, l_row, alpha, a, geo, off, row0, k_first + t * BK,
+                        lane);
+    wgmma::wait<0>();
+    wgmma::pin(o);
+    wgmma::pin(p);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[4 * n] *= alpha[0];
+      o[4 * n + 1] *= alpha[0];
+      o[4 * n + 2] *= alpha[1];
+      o[4 * n + 3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < PSTEPS; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
+  }
+  if (tiles > 0) {  // the last tile's P V
+    if (Shape::TAKE_TURNS && wg == 0) take_turn();  // the turn the last warpgroup passed on
+    mma_sync::cp_async_wait<0>();
+    wgmma::fence_async_shared();
+    __syncthreads();
+    wgmma::fence();
+    pv_product(o, p, (tiles - 1) % 2);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(o);
+  }
+  mma_sync::cp_async_wait<0>();  // nothing may be in flight when the block exits
+
+  const int g = lane / 4, quad = lane % 4;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = tc::quad_sum(l_row[r]);
+    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+    const int i = row0 + g + 8 * r;
+    if (quad == 0 && i < geo.lq)
+      a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
+          sum > 0.f ? (m_row[r] + log2f(sum)) / kLog2e : kNegInf;
+  }
+  T* og = static_cast<T*>(a.o) + geo.q_base + int64_t(h) * D;
+  tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(o), og, a.q_tok_stride, row0,
+                      geo.lq, inv[0], inv[1], lane);
+}
+
+template <typename T, int D, typename Shape = WgmmaFwdShape<D>>
+void launch_fwd_wgmma(const AttnArgs& args) {
+  auto kernel = attention_fwd_wgmma_kernel<T, D, Shape>;
+  const size_t bytes = Shape::kBytes + Shape::kAlign;
+  // Every call, not once: the attribute belongs to the current device's context.
+  if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)) != cudaSuccess)
+    throw Error(kNVTEDeviceError, concat("could not grant ", bytes,
+                                         " bytes of shared memory to attention_fwd_wgmma_kernel"));
+  const KernelArgs k = make_kernel_args(args);
+  dim3 grid(static_cast<unsigned>((args.p.max_seqlen_q + Shape::BQ - 1) / Shape::BQ),
+            static_cast<unsigned>(args.p.num_heads_q), static_cast<unsigned>(args.p.batch));
+  kernel<<<grid, Shape::NT, bytes, to_stream(args.stream)>>>(k);
+  check_launch("attention_fwd_wgmma_kernel");
+}
+
+}  // namespace
+
+bool forward_wgmma(const AttnArgs& args) {
+  int device = 0;
+  // the softmax takes the row max of the unscaled scores: a positive scale keeps it the max
+  if (!(args.p.softmax_scale > 0.f) || cudaGetDevice(&device) != cudaSuccess ||
+      !wgmma::usable(device))
+    return false;
+  const bool d64 = args.p.head_dim_qk == 64;
+  if (args.p.dtype == kNVTEFloat16) {
+    if (d64) launch_fwd_wgmma<fp16, 64>(args);
+    else launch_fwd_wgmma<fp16, 128>(args);
+  } else {
+    if (d64) launch_fwd_wgmma<bf16, 64>(args);
+    else launch_fwd_wgmma<bf16, 128>(args);
+  }
+  return true;
+}
+
+#else
+
+bool forward_wgmma(const AttnArgs&) { return false; }
+
+#endif  // TE_HAS_MMA_SYNC
+
+}  // namespace portable
+}  // namespace attention
+}  // namespace te
