@@ -171,14 +171,30 @@ void register_linear_fast(py::module_& m) {
           const Scaling s{history, scale, scale_inv, counter, fp8_max, delayed};
           const NVTETensor dyd = matrix(dy, tokens, out_features, dy_dtype);
           const NVTETensor* inputs[1] = {&dyd};
+          bool updated = false;  // the step's update (update_groups) already queued
           if (dbias) {
-            current_scales(s, inputs, 1, stream);
-            NVTETensor q = matrix(dyq, tokens, out_features, fp8_dtype, 0, s.scale_of(0), dy_sinv);
-            q.amax = s.amax_of(0);
+            // the step's scaling rides the cast where it can: current scaling's scale, or the
+            // step's delayed update (see transpose.h)
+            NVTETensor q = cast_output(dyd, s, 0, fp8_dtype, dyq, dy_sinv);
             NVTETensor q_t = matrix(dyq_t, out_features, tokens, fp8_dtype);
             NVTETensor db = vector(dbias, out_features, dbias_dtype);
             NVTETensor ws = vector(dbias_ws, dbias_ws_elems, kNVTEFloat32);
-            check_status(nvte_cast_transpose_dbias(&dyd, &q, &q_t, &db, &ws, stream));
+            if (!s.delayed) {
+              check_status(nvte_cast_transpose_dbias_current_scaling(
+                  &dyd, &q, &q_t, &db, &ws, reinterpret_cast<float*>(s.history),
+                  reinterpret_cast<int*>(s.counter), reinterpret_cast<float*>(s.scale),
+                  reinterpret_cast<float*>(s.scale_inv), s.fp8_max, stream));
+            } else if (!update_groups.is_none()) {
+              const std::vector<NVTEScalingGroup> g =
+                  scaling_groups_from_list(update_groups.cast<py::list>());
+              check_status(nvte_cast_transpose_dbias_update(
+                  &dyd, &q, &q_t, &db, &ws, g.data(), static_cast<int64_t>(g.size()),
+                  static_cast<NVTEAmaxAlgo>(update_algo), update_margin,
+                  reinterpret_cast<int*>(s.counter), stream));
+              updated = true;
+            } else {
+              check_status(nvte_cast_transpose_dbias(&dyd, &q, &q_t, &db, &ws, stream));
+            }
           } else if (dyq_t) {
             NVTETensor q = cast_output(dyd, s, 0, fp8_dtype, dyq, dy_sinv);
             NVTETensor q_t = matrix(dyq_t, out_features, tokens, fp8_dtype);
@@ -206,7 +222,7 @@ void register_linear_fast(py::module_& m) {
                                    kNVTEGemmEpilogueNone, 1.0f, dw_beta, false, ws, workspace_size,
                                    stream));
           }
-          if (!update_groups.is_none())
+          if (!update_groups.is_none() && !updated)
             delayed_scaling_update_from_list(update_groups.cast<py::list>(), update_algo,
                                              update_margin, stream);
         });

@@ -5,8 +5,7 @@
 
 namespace te_py {
 
-void delayed_scaling_update_from_list(const py::list& groups, int algo, float margin,
-                                      NVTEStream stream) {
+std::vector<NVTEScalingGroup> scaling_groups_from_list(const py::list& groups) {
   std::vector<NVTEScalingGroup> g;
   g.reserve(groups.size());
   for (const auto& item : groups) {
@@ -21,6 +20,12 @@ void delayed_scaling_update_from_list(const py::list& groups, int algo, float ma
     s.fp8_max = t[5].cast<float>();
     g.push_back(s);
   }
+  return g;
+}
+
+void delayed_scaling_update_from_list(const py::list& groups, int algo, float margin,
+                                      NVTEStream stream) {
+  const std::vector<NVTEScalingGroup> g = scaling_groups_from_list(groups);
   check_status(nvte_delayed_scaling_update(g.data(), static_cast<int64_t>(g.size()),
                                            static_cast<NVTEAmaxAlgo>(algo), margin, stream));
 }

@@ -1,6 +1,7 @@
 // C API tests of the cast, transpose and delayed-scaling families against CPU loops.
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "test_common.h"
 #include "transformer_engine/cast.h"
@@ -482,5 +483,107 @@ TE_TEST(cast_transpose_multi_current_scaling_matches_two_steps) {
     for (auto* p : ins) delete p;
     for (auto& v : data)
       for (auto* p : v) delete p;
+  }
+}
+
+namespace {
+
+struct DbiasCase {  // a bf16 input and the buffers of one cast+transpose+dbias
+  int64_t rows, cols;
+  DeviceBuffer<__nv_bfloat16> in;
+  DeviceBuffer<uint8_t> out, out_t;
+  DeviceBuffer<__nv_bfloat16> dbias;
+  DeviceBuffer<float> ws, sinv;
+  DbiasCase(int64_t r, int64_t c, unsigned seed)
+      : rows(r), cols(c), in(bf16_random(size_t(r * c), seed)), out(size_t(r * c)),
+        out_t(size_t(r * c)), dbias(size_t(c)), ws(size_t(((r + 127) / 128) * c)),
+        sinv(std::vector<float>{0.f}) {}
+  static std::vector<__nv_bfloat16> bf16_random(size_t n, unsigned seed) {
+    std::vector<float> x = random_floats(n, seed, 3.f);
+    std::vector<__nv_bfloat16> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = __float2bfloat16_rn(x[i]);
+    return b;
+  }
+  NVTETensor i() { return desc(in.ptr, {rows, cols}, kNVTEBFloat16); }
+  NVTETensor o(float* amax, float* scale) {
+    return desc(out.ptr, {rows, cols}, kNVTEFloat8E5M2, amax, scale, sinv.ptr);
+  }
+  NVTETensor ot() { return desc(out_t.ptr, {cols, rows}, kNVTEFloat8E5M2); }
+  NVTETensor db() { return desc(dbias.ptr, {cols}, kNVTEBFloat16); }
+  NVTETensor w() { return desc(ws.ptr, {(rows + 127) / 128, cols}, kNVTEFloat32); }
+  bool same(const DbiasCase& b) const {
+    return out.download() == b.out.download() && out_t.download() == b.out_t.download() &&
+           sinv.download() == b.sinv.download() &&
+           std::memcmp(dbias.download().data(), b.dbias.download().data(), 2 * size_t(cols)) == 0;
+  }
+};
+
+}  // namespace
+
+// cast+transpose+dbias with current scaling folded in = the scales kernel, then the plain op.
+TE_TEST(cast_transpose_dbias_current_scaling_matches_two_steps) {
+  const int64_t shapes[][2] = {{64, 1024}, {37, 48}, {300, 256}, {4096, 4096}};
+  unsigned seed = 90;
+  for (auto& sh : shapes) {
+    DbiasCase a(sh[0], sh[1], seed), b(sh[0], sh[1], seed);
+    ++seed;
+    DeviceBuffer<float> amax_a(std::vector<float>{0.f}), amax_b(std::vector<float>{0.f}),
+        scale_a(std::vector<float>{1.f}), scale_b(std::vector<float>{1.f}),
+        si_a(std::vector<float>{0.f}), si_b(std::vector<float>{0.f});
+    DeviceBuffer<int> counter_a(std::vector<int>{0}), counter_b(std::vector<int>{0});
+    NVTETensor ia = a.i(), oa = a.o(nullptr, scale_a.ptr), ota = a.ot(), dba = a.db(), wa = a.w();
+    const NVTETensor* pa[1] = {&ia};
+    TE_EXPECT(nvte_current_scaling_scales(pa, 1, amax_a.ptr, counter_a.ptr, scale_a.ptr, si_a.ptr,
+                                          57344.f, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(nvte_cast_transpose_dbias(&ia, &oa, &ota, &dba, &wa, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
+    NVTETensor ib = b.i(), ob = b.o(nullptr, scale_b.ptr), otb = b.ot(), dbb = b.db(), wb = b.w();
+    TE_EXPECT(nvte_cast_transpose_dbias_current_scaling(&ib, &ob, &otb, &dbb, &wb, amax_b.ptr,
+                                                        counter_b.ptr, scale_b.ptr, si_b.ptr, 57344.f,
+                                                        nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    TE_EXPECT(a.same(b), "outputs differ at %lld x %lld", (long long)sh[0], (long long)sh[1]);
+    TE_EXPECT(scale_a.download() == scale_b.download() && si_a.download() == si_b.download(),
+              "scales differ");
+    TE_EXPECT(amax_b.download()[0] == 0.f && counter_b.download()[0] == 0, "scratch not left zero");
+  }
+}
+
+// cast+transpose+dbias with a step's delayed update folded in = the plain op, then the update
+// (the groups include the cast's own history; 5 groups take the separate update launch).
+TE_TEST(cast_transpose_dbias_update_matches_two_steps) {
+  for (int num_groups : {1, 2, 5}) {
+    for (int64_t rows : {64, 300}) {
+      DbiasCase a(rows, 256, 7 + unsigned(rows)), b(rows, 256, 7 + unsigned(rows));
+      std::vector<float> h0 = random_floats(4 * 2 * 6, 40 + num_groups, 2.f);
+      for (auto& v : h0) v = std::fabs(v);
+      DeviceBuffer<float> hist_a(h0), hist_b(h0);  // 6 groups' worth: [4, 2] each
+      DeviceBuffer<float> sc_a(std::vector<float>(12, 2.f)), sc_b(std::vector<float>(12, 2.f)),
+          si_a(std::vector<float>(12, 0.f)), si_b(std::vector<float>(12, 0.f));
+      DeviceBuffer<int> counter(std::vector<int>{0});
+      auto groups_of = [&](DeviceBuffer<float>& h, DeviceBuffer<float>& sc, DeviceBuffer<float>& si) {
+        std::vector<NVTEScalingGroup> g;
+        for (int k = 0; k < num_groups; ++k)
+          g.push_back(NVTEScalingGroup{h.ptr + 8 * k, sc.ptr + 2 * k, si.ptr + 2 * k, 4, 2, 57344.f});
+        return g;
+      };
+      auto ga = groups_of(hist_a, sc_a, si_a), gb = groups_of(hist_b, sc_b, si_b);
+      // the cast records into column 1 of group 0's history and casts with that tensor's scale
+      NVTETensor ia = a.i(), oa = a.o(hist_a.ptr + 1, sc_a.ptr + 1), ota = a.ot(), dba = a.db(), wa = a.w();
+      TE_EXPECT(nvte_cast_transpose_dbias(&ia, &oa, &ota, &dba, &wa, nullptr) == kNVTESuccess, "%s",
+                nvte_last_error_message());
+      TE_EXPECT(nvte_delayed_scaling_update(ga.data(), num_groups, kNVTEAmaxMax, 1.f, nullptr) == kNVTESuccess,
+                "%s", nvte_last_error_message());
+      NVTETensor ib = b.i(), ob = b.o(hist_b.ptr + 1, sc_b.ptr + 1), otb = b.ot(), dbb = b.db(), wb = b.w();
+      TE_EXPECT(nvte_cast_transpose_dbias_update(&ib, &ob, &otb, &dbb, &wb, gb.data(), num_groups,
+                                                 kNVTEAmaxMax, 1.f, counter.ptr, nullptr) == kNVTESuccess,
+                "%s", nvte_last_error_message());
+      TE_EXPECT(cuda_ok(), "sync");
+      TE_EXPECT(a.same(b), "outputs differ (%d groups, %lld rows)", num_groups, (long long)rows);
+      TE_EXPECT(hist_a.download() == hist_b.download(), "histories differ (%d groups)", num_groups);
+      TE_EXPECT(sc_a.download() == sc_b.download() && si_a.download() == si_b.download(),
+                "scales differ (%d groups)", num_groups);
+      TE_EXPECT(counter.download()[0] == 0, "counter not left zero");
+    }
   }
 }

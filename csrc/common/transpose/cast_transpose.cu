@@ -152,6 +152,61 @@ void launch_multi_cast_transpose(int64_t n, const NVTETensor* const* inputs,
   check_launch("multi_cast_transpose_kernel");
 }
 
+// cast+transpose+dbias with a fused prologue (current scaling) or epilogue (a step's delayed
+// update); launch_cast_transpose<true> otherwise. Returns false when the fused kernel was not
+// launched (current scaling: the grid does not fit, graph capture, AMD), and the caller takes
+// the separate launches.
+template <DbiasFusion kFusion>
+bool launch_dbias_fused(const NVTETensor& input, const NVTETensor& output,
+                        const NVTETensor& output_t, int64_t rows, int64_t cols, float* partial,
+                        void* dbias, NVTEDType dbias_dtype, const GridScaling& g,
+                        const StepUpdate& u, NVTEStream stream) {
+  bool launched = false;
+  TE_SWITCH_HP(input.dtype, InT, "input",
+    TE_SWITCH_FP8(output.dtype, OutT, "output", {
+      using T = Tile<OutT>;
+      const int64_t tiles = ((rows + T::kDim - 1) / T::kDim) * ((cols + T::kDim - 1) / T::kDim);
+      const CopyProducer<InT> prod{static_cast<const InT*>(input.data), cols};
+      OutT* out = static_cast<OutT*>(output.data);
+      OutT* out_t = static_cast<OutT*>(output_t.data);
+      const bool aligned = rows % T::kSeg == 0 && cols % T::kSeg == 0 && prod.vector_ok(T::kSeg) &&
+                           aligned16(out_t) && aligned16(out);
+      auto kernel = aligned ? cast_transpose_dbias_fused_kernel<InT, OutT, true, kFusion>
+                            : cast_transpose_dbias_fused_kernel<InT, OutT, false, kFusion>;
+      cudaStream_t s = to_stream(stream);
+      const float* scale = output.scale;
+      float* amax = output.amax;
+      float* scale_inv = output.scale_inv;
+      int dt = int(dbias_dtype);
+      if (tiles > 0 && tiles < (int64_t(1) << 31)) {
+        const unsigned grid = unsigned(tiles);
+        if constexpr (kFusion == DbiasFusion::kCurrentScaling) {
+#if TE_PLATFORM_CUDA  // (as in launch_multi_cast_transpose)
+          const int64_t half = rows::resident_blocks(kernel, kThreads, 0, 2 * tiles) / 2;
+          if (half >= tiles && !stream_capturing(s)) {
+            void* args[] = {const_cast<CopyProducer<InT>*>(&prod), &out, &out_t, &rows, &cols,
+                            &scale, &amax, &scale_inv, &partial, &dbias, &dt,
+                            const_cast<GridScaling*>(&g), const_cast<StepUpdate*>(&u)};
+            if (cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
+                                            dim3(kThreads), args, 0, s) == cudaSuccess)
+              launched = true;
+            else
+              (void)cudaGetLastError();
+          }
+#else
+          (void)kernel;  // AMD: the two-launch way
+#endif
+        } else {
+          kernel<<<grid, kThreads, 0, s>>>(prod, out, out_t, rows, cols, scale, amax, scale_inv,
+                                           partial, dbias, dt, g, u);
+          check_launch("cast_transpose_dbias_fused_kernel");
+          launched = true;
+        }
+      }
+    }));
+  return launched;
+}
+
 void check_multi_args(int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
                       NVTETensor* const* outputs_t) {
   TE_CHECK_ARG(n >= 1 && n <= kMaxMultiTensors, "n is ", n, "; expected 1 to ", kMaxMultiTensors);
@@ -254,5 +309,70 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETen
     if (!final_sums)
       act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows),
                                cols, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_cast_transpose_dbias_current_scaling(
+    const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
+    NVTETensor* workspace, float* amax, int* counter, float* scale, float* scale_inv,
+    float fp8_max, NVTEStream stream) {
+  return guard("nvte_cast_transpose_dbias_current_scaling", [&] {
+    int64_t rows, cols;
+    check_cast_transpose_args(input, output, output_t, &rows, &cols);
+    if (check_dbias(dbias, workspace, rows, cols)) return;
+    TE_CHECK_ARG(amax && counter && scale && scale_inv,
+                 "amax, counter, scale and scale_inv must all be device pointers");
+    TE_CHECK_ARG(fp8_max > 0.f && std::isfinite(fp8_max), "fp8_max is ", fp8_max,
+                 "; expected a positive finite number");
+    TE_CHECK_ARG(output->scale == scale && output->amax == nullptr,
+                 "output must have scale pointer `scale` and no amax pointer");
+    float* partial = static_cast<float*>(workspace->data);
+    const bool final_sums = dbias_sums_are_final(rows);
+    const GridScaling g{amax, counter, scale, scale_inv, fp8_max, 1};
+    if (!launch_dbias_fused<DbiasFusion::kCurrentScaling>(
+            *input, *output, *output_t, rows, cols, partial, final_sums ? dbias->data : nullptr,
+            dbias->dtype, g, StepUpdate{}, stream)) {
+      launch_current_scales(&input, 1, amax, counter, scale, scale_inv, fp8_max, stream);
+      launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream,
+                                  final_sums ? dbias->data : nullptr, dbias->dtype);
+    }
+    if (!final_sums)
+      act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows),
+                               cols, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_cast_transpose_dbias_update(
+    const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
+    NVTETensor* workspace, const NVTEScalingGroup* groups, int64_t num_groups, NVTEAmaxAlgo algo,
+    float margin, int* counter, NVTEStream stream) {
+  return guard("nvte_cast_transpose_dbias_update", [&] {
+    int64_t rows, cols;
+    check_cast_transpose_args(input, output, output_t, &rows, &cols);
+    if (check_dbias(dbias, workspace, rows, cols)) return;
+    check_scaling_groups(groups, num_groups, algo, margin);
+    TE_CHECK_ARG(counter != nullptr, "counter is a null pointer");
+    float* partial = static_cast<float*>(workspace->data);
+    const bool final_sums = dbias_sums_are_final(rows);
+    void* direct = final_sums ? dbias->data : nullptr;
+    bool fused = false;
+    if (num_groups <= kStepGroups) {
+      StepUpdate u{};
+      for (int64_t i = 0; i < num_groups; ++i) u.groups[i] = groups[i];
+      u.num_groups = static_cast<int>(num_groups);
+      u.most_recent = algo == kNVTEAmaxMostRecent;
+      u.margin_pow2 = std::exp2(margin);
+      u.counter = counter;
+      fused = launch_dbias_fused<DbiasFusion::kStepUpdate>(
+          *input, *output, *output_t, rows, cols, partial, direct, dbias->dtype, GridScaling{}, u,
+          stream);
+    }
+    if (!fused)
+      launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream, direct,
+                                  dbias->dtype);
+    if (!final_sums)
+      act::launch_dbias_reduce(partial, dbias->data, dbias->dtype, dbias_workspace_rows(rows),
+                               cols, stream);
+    if (!fused) launch_delayed_update(groups, num_groups, algo, margin, stream);
   });
 }

@@ -19,6 +19,7 @@
 // row of tiles (the first stage of a dbias reduction).
 #pragma once
 
+#include "recipe/delayed_scaling.cuh"
 #include "util/device_utils.cuh"
 #include "util/tensor.h"
 
@@ -434,6 +435,63 @@ void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, in
     tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<grid, kThreads, 0, stream>>>(
         prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype));
   check_launch("tile_transpose_kernel");
+}
+
+// ----- a step's scaling inside cast+transpose+dbias ---------------------------------------------
+// The FP8 backward of a small, host-bound step casts its output gradient with cast+transpose+
+// dbias and then needs, with Float8CurrentScaling, the gradient's scale before the cast (a
+// launch of its own), with DelayedScaling, the step's update after the cast (one more launch).
+// These kernels fold either into the cast: current scaling through the grid-wide barrier above
+// (cooperative launch), the delayed update in the block that finishes last (any grid: the other
+// blocks do not wait for it).
+constexpr int kStepGroups = 4;
+
+struct StepUpdate {
+  NVTEScalingGroup groups[kStepGroups];
+  int num_groups;
+  int most_recent;
+  float margin_pow2;
+  int* counter;  // zero on entry, left zero
+};
+
+// After this block's amax was recorded: the block that counts itself last runs the update of
+// every tensor of every group (each tensor's history row 0 then holds every block's amax).
+__device__ __forceinline__ void step_update_if_last(const StepUpdate& u, float* warp_max) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's amax (recorded by thread 0) before its count
+    last = atomicAdd(u.counter, 1) == int(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int g = 0; g < u.num_groups; ++g)
+    for (int64_t j = 0; j < u.groups[g].num_tensors; ++j)
+      delayed_update_tensor(u.groups[g], j, u.most_recent, u.margin_pow2, warp_max);
+  if (threadIdx.x == 0) atomicExch(u.counter, 0);
+}
+
+enum class DbiasFusion { kCurrentScaling, kStepUpdate };
+
+template <typename InT, typename OutT, bool kAligned, DbiasFusion kFusion>
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<CopyProducer<InT>, true>()))
+cast_transpose_dbias_fused_kernel(const CopyProducer<InT> prod, OutT* __restrict__ out,
+                                  OutT* __restrict__ out_t, int64_t rows, int64_t cols,
+                                  const float* scale, float* amax, float* scale_inv,
+                                  float* partial, void* dbias, int dbias_dtype,
+                                  const GridScaling g, const StepUpdate u) {
+  const int64_t tile = blockIdx.x;
+  __shared__ float s_scale;
+  __shared__ float scratch[kThreads / TE_LOGICAL_WARP_SIZE + 1];
+  if constexpr (kFusion == DbiasFusion::kCurrentScaling) {
+    grid_current_scale(tile_amax<CopyProducer<InT>, OutT, kAligned>(prod, rows, cols, tile), 0,
+                       tile, g, &s_scale, scratch);
+    scale = &s_scale;
+  }
+  transpose_tile<CopyProducer<InT>, OutT, true, kAligned, true>(
+      prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, dbias_dtype, tile);
+  if constexpr (kFusion == DbiasFusion::kStepUpdate) step_update_if_last(u, scratch);
 }
 
 }  // namespace tile_transpose

@@ -143,6 +143,41 @@ def call_scratch(nc, nbytes: int) -> torch.Tensor:
     return buf
 
 
+# The gradients a small step returns (dx, dW, db) share one allocation: each torch.empty costs
+# about 6 us of host time on the lent machines, an as_strided view of a shared buffer a third of
+# that. Only up to _GRADS_SHARED_MAX bytes: the views keep the whole buffer alive as long as any
+# of them lives (dW and db as parameter gradients, typically until zero_grad).
+_GRADS_SHARED_MAX = 4 << 20
+
+
+def step_grads(device, dtype, shapes):
+    """Contiguous tensors of dtype for `shapes` (None entries give None): views of one
+    allocation, each on a 256-byte boundary, when they are small together, else one each."""
+    item = dtype.itemsize
+    sizes = []
+    for shape in shapes:
+        n = 0
+        if shape is not None:
+            n = 1
+            for d in shape:
+                n *= d
+        sizes.append(n)
+    total = sum(aligned(n * item) for n in sizes)
+    if total > _GRADS_SHARED_MAX:
+        return [torch.empty(shape, dtype=dtype, device=device) if shape is not None else None
+                for shape in shapes]
+    buf = torch.empty(max(total // item, 1), dtype=dtype, device=device)
+    out, offset = [], 0
+    for shape, n in zip(shapes, sizes):
+        if shape is None:
+            out.append(None)
+            continue
+        stride = (shape[1], 1) if len(shape) == 2 else (1,)
+        out.append(buf.as_strided(shape, stride, offset))
+        offset += aligned(n * item) // item
+    return out
+
+
 def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:
     """A region of an arena as a tensor (only where a tensor object is needed: checked ops)."""
     n = 1

@@ -127,12 +127,13 @@ def _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db):
     (fuse_wgrad_accumulation) follows through _gemms. Returns (dx, dw, db)."""
     _, out_features, in_features = ctx.shapes
     tokens, dtype, device = dy.shape[0], ctx.dtype, dy.device
-    dx = torch.empty(tokens, in_features, dtype=dtype, device=device) if ctx.need_dgrad else None
-    dw = None
-    if ctx.need_wgrad and not ctx.fuse:
-        dw = torch.empty(out_features, in_features, dtype=dtype, device=device)
-        if fused_db:
-            db = torch.empty(out_features, dtype=dtype, device=device)
+    own_dw = ctx.need_wgrad and not ctx.fuse
+    dx, dw, fdb = _fast.step_grads(device, dtype, (
+        (tokens, in_features) if ctx.need_dgrad else None,
+        (out_features, in_features) if own_dw else None,
+        (out_features,) if own_dw and fused_db else None))
+    if fdb is not None:
+        db = fdb
     code = _CODE[dtype]
     nc.mod.linear_hp_backward(
         dy.data_ptr(), tokens, out_features, in_features, code,
@@ -253,14 +254,24 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
         ws_elems = _fast.dbias_workspace_elems(nc, tokens, out_features, _CODE[dy.dtype], code,
                                                ctx.bias_dtype)
         buf = _fast.call_scratch(nc, n + n_t + _fast._ALIGN + 4 * ws_elems)
-        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device)
-        db_ptr, db_code = db.data_ptr(), _CODE[db.dtype]
     else:  # [dyq | dyq.T | scale_inv]
         buf = _fast.call_scratch(nc, n + n_t + 4)
-        db_ptr = db_code = ws_elems = 0
+        ws_elems = 0
     bp = buf.data_ptr()
-    dx = torch.empty(tokens, in_features, dtype=ctx.dtype, device=device) if need_dgrad else None
-    dw, dw_ptr, dw_code, beta = None, 0, 0, 0.0
+    own_dw = need_wgrad and not ctx.fuse
+    want_db = need_wgrad and ctx.has_bias_grad
+    if ctx.bias_dtype in (None, ctx.dtype):
+        dx, dw, db = _fast.step_grads(device, ctx.dtype, (
+            (tokens, in_features) if need_dgrad else None,
+            (out_features, in_features) if own_dw else None,
+            (out_features,) if want_db else None))
+    else:
+        dx, dw = _fast.step_grads(device, ctx.dtype, (
+            (tokens, in_features) if need_dgrad else None,
+            (out_features, in_features) if own_dw else None))
+        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device) if want_db else None
+    db_ptr, db_code = (db.data_ptr(), _CODE[db.dtype]) if db is not None else (0, 0)
+    dw_ptr, dw_code, beta = 0, 0, 0.0
     if need_wgrad:
         if ctx.fuse:  # accumulate into the fp32 main_grad
             out, beta = _gemms.wgrad_out(ctx.weight, True)[0], 1.0
@@ -269,7 +280,7 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
                                  f"{out.is_contiguous()}); expected a contiguous "
                                  f"[{out_features}, {in_features}] tensor to accumulate into")
         else:
-            out = dw = torch.empty(out_features, in_features, dtype=ctx.dtype, device=device)
+            out = dw
         dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
     hist, scale, scale_inv, fp8_max, counter = (rs._ptrs or rs._pointers())[1]
     # the backward that finishes a delayed-scaling step launches the step's update itself

@@ -43,11 +43,22 @@
  * once with a zeroed workspace descriptor (data NULL, ndim 0) to get its shape and dtype written
  * into it (nothing runs), allocate it, call again. In the two backward forms dbias may be NULL
  * (no bias gradient; workspace is then ignored and may be NULL). Empty tensors are accepted.
+ *
+ * cast_transpose_dbias with the scaling of a training step folded in (a small step's backward
+ * is host-bound: each fused launch saves one), same bits as the separate calls:
+ *   _current_scaling: output's scale computed first from amax(input), as
+ *       nvte_current_scaling_scales (recipe.h) computes it (n = 1; output->scale must be `scale`,
+ *       output->amax NULL); one launch where the grid fits on the device at once, else two;
+ *   _update: then nvte_delayed_scaling_update(groups, num_groups, algo, margin), run by the
+ *       kernel's last block for up to 4 groups (counter: one int32, zero on entry and left
+ *       zero), as a launch of its own otherwise. The groups may include output's own amax
+ *       history: the update sees the amax this cast records.
  */
 #ifndef TRANSFORMER_ENGINE_TRANSPOSE_H_
 #define TRANSFORMER_ENGINE_TRANSPOSE_H_
 
 #include "transformer_engine/activation.h"
+#include "transformer_engine/recipe.h"
 #include "transformer_engine/transformer_engine.h"
 
 #ifdef __cplusplus
@@ -71,6 +82,16 @@ NVTEStatus nvte_cast_transpose_multi_current_scaling(
 NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETensor* output,
                                      NVTETensor* output_t, NVTETensor* dbias,
                                      NVTETensor* workspace, NVTEStream stream);
+
+NVTEStatus nvte_cast_transpose_dbias_current_scaling(
+    const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
+    NVTETensor* workspace, float* amax, int* counter, float* scale, float* scale_inv,
+    float fp8_max, NVTEStream stream);
+
+NVTEStatus nvte_cast_transpose_dbias_update(
+    const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
+    NVTETensor* workspace, const NVTEScalingGroup* groups, int64_t num_groups, NVTEAmaxAlgo algo,
+    float margin, int* counter, NVTEStream stream);
 
 NVTEStatus nvte_act_cast_transpose(NVTEActivation act, const NVTETensor* input,
                                    NVTETensor* output, NVTETensor* output_t, NVTEStream stream);
