@@ -268,6 +268,15 @@ __device__ __forceinline__ void bwd_vec(const Vec<InT, P>& g, const Vec<InT, P>&
 // reglu/sreglu, interleaved with torch.compile (ratio to it, two timings each): the evict-last
 // loads 0.997 -> 1.001 at 32768x8192 and 0.998 -> 1.000 at 16384x4096; blocks of 1024 threads
 // instead of 512, 0.997 -> 1.000-1.002 and 0.998 -> 1.000-1.001 (256: 0.996-0.998).
+// The evict-last loads and the 1024-thread blocks were measured on reglu/sreglu only; with them
+// the gated forms whose derivative costs more (geglu, qgeglu, swiglu) fell to 0.79-0.86x
+// torch.compile (geglu to 70% of copy) in the full H100 benchmark, against 1.07-2.18x before.
+// Those keep plain loads in blocks of 512.
+template <class Op>
+constexpr bool cheap_gated_derivative() {
+  return std::is_same<Op, Relu>::value || std::is_same<Op, SquaredRelu>::value;
+}
+
 template <class Op, typename InT, typename OutT, int kBlock>
 __global__ void __launch_bounds__(kBlock)
 gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
@@ -275,7 +284,7 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
   wait_for_previous_grid();
   release_next_grid();
   constexpr int P = Pieces<InT>::P;
-  const uint64_t keep = l2_evict_last_policy();
+  const uint64_t keep = cheap_gated_derivative<Op>() ? l2_evict_last_policy() : 0;
   const int64_t pieces = rows * 2 * cols / P;
   for (int64_t q = blockIdx.x * int64_t(kBlock) + threadIdx.x; q < pieces;
        q += int64_t(gridDim.x) * kBlock) {
@@ -284,8 +293,13 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
     const bool first = c < cols;
     const int64_t cc = first ? c : c - cols;
     Vec<InT, P> g, a, b;
-    load_vec_l2_policy(g, grad + r * cols + cc, keep);
-    load_vec_l2_policy(a, in + r * 2 * cols + cc, keep);
+    if constexpr (cheap_gated_derivative<Op>()) {
+      load_vec_l2_policy(g, grad + r * cols + cc, keep);
+      load_vec_l2_policy(a, in + r * 2 * cols + cc, keep);
+    } else {
+      load_vec(g, grad + r * cols + cc);
+      load_vec(a, in + r * 2 * cols + cc);
+    }
     if (first) load_vec(b, in + r * 2 * cols + cols + cc);
     Vec<OutT, P> d;
 #pragma unroll
@@ -296,7 +310,7 @@ gated_bwd_flat_kernel(const InT* __restrict__ grad, const InT* __restrict__ in,
     store_vec(out + o, d);
   }
 }
-constexpr int kFlatBlock = 1024;  // see above; earlier sweep: 128/256/512 within 1%
+constexpr int kFlatBlock = 512;  // the gated forms other than reglu/sreglu (see above)
 
 template <class Op, bool kGated, typename InT, typename OutT, int kElems = kVec,
           int kBlock = kThreads>
@@ -577,10 +591,11 @@ void launch_elementwise_typed(const ElementwiseArgs& a) {
       break;
     case Kind::kGatedBackward:
       if (vec && !is_fp8_type<OutT>()) {
-        const int flat_grid = grid_of((2 * n / Pieces<InT>::P + kFlatBlock - 1) / kFlatBlock);
+        constexpr int kBlock = cheap_gated_derivative<Op>() ? 1024 : kFlatBlock;
+        const int flat_grid = grid_of((2 * n / Pieces<InT>::P + kBlock - 1) / kBlock);
         if (flat_grid > 0)
-          launch_overlapping(gated_bwd_flat_kernel<Op, InT, OutT, kFlatBlock>, dim3(flat_grid),
-                             dim3(kFlatBlock), s, grad, in, out, a.rows, a.cols);
+          launch_overlapping(gated_bwd_flat_kernel<Op, InT, OutT, kBlock>, dim3(flat_grid),
+                             dim3(kBlock), s, grad, in, out, a.rows, a.cols);
         break;
       }
       launch_overlapping(activation_bwd_kernel<Op, true, InT, OutT, kMultiInputVec>, dim3(grid),
