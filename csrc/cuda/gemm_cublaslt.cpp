@@ -21,6 +21,7 @@
 #include "gemm/gemm_backend.h"
 #include "gemm/plan_cache.h"
 #include "util/error.h"
+#include "util/stream_capture.h"
 
 namespace te {
 namespace gemm {
@@ -280,16 +281,6 @@ cublasStatus_t launch_matmul(cublasLtHandle_t handle, const Plan& p, const GemmA
   return cublasLtMatmul(handle, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, c, p.c, g.d, p.d,
                         &algo, g.workspace, g.workspace_size,
                         reinterpret_cast<cudaStream_t>(g.stream));
-}
-
-// Whether the stream is being captured into a graph (or cannot be asked: then treated as such).
-bool stream_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // Times the candidates of p on this call's operands and keeps the fastest (protocol above). Only

@@ -107,12 +107,10 @@ class _Step:
         if self.pending_backward != 1 or self.bwd_done or not self.states:
             return None
         recipe = self.recipe
-        algo = recipe.amax_compute_algo
-        code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
-        if code is None or (recipe.reduce_amax and self.group is not None):
+        if recipe.reduce_amax and self.group is not None:
             return None
-        first = self.states[0]
-        if not first.on_native() or any(st.device != first.device for st in self.states):
+        code = _native_algo_code(self.states, recipe)
+        if code is None:
             return None
         self.pending_backward = 0
         self.bwd_done = True
@@ -526,6 +524,19 @@ def _reduce_amax(histories: List[torch.Tensor], group) -> None:
         offset += n
 
 
+def _native_algo_code(states: List[RecipeState], recipe) -> Optional[int]:
+    """The algorithm code of the native batched update when one launch can update these
+    states (a named algorithm, all on the native core of one device), else None."""
+    algo = recipe.amax_compute_algo
+    code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
+    first = states[0]
+    if code is None or not first.on_native():
+        return None
+    if len(states) > 1 and any(s.device != first.device for s in states):
+        return None
+    return code
+
+
 def _native_groups(states: List[RecipeState], forward: bool, also_forward: bool = False) -> list:
     """The native update groups of the states (forward or backward; with also_forward, the
     backward's and the forward's together), descriptors cached per state."""
@@ -544,25 +555,20 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
     also runs a deferred forward update, in the same launch when it can)."""
     if not states or not isinstance(recipe, DelayedScaling):
         return
-    if also_forward and recipe.reduce_amax and group is not None:
-        # (never deferred with a reduction group: kept for completeness)
-        _update_delayed(states, recipe, group, True)
-        also_forward = False
+    directions = (False, True) if also_forward else (forward,)
     if recipe.reduce_amax and group is not None:
-        _reduce_amax([s._amax_history_fwd if forward else s.amax_history_bwd for s in states], group)
-    algo = recipe.amax_compute_algo
-    code = _ALGO_CODE.get(algo) if isinstance(algo, str) else None
-    first = states[0]
-    if code is not None and first.on_native() and (
-            len(states) == 1 or all(s.device == first.device for s in states)):
+        _reduce_amax([s._amax_history_fwd if fwd else s.amax_history_bwd
+                      for fwd in directions for s in states], group)
+    code = _native_algo_code(states, recipe)
+    if code is not None:
         # the common case: one launch through the binding, descriptors cached per module (this
         # runs once or twice per training step: kept free of per-call imports and property lookups)
         desc = _native_groups(states, forward, also_forward)
         if desc:
             native.native_for_torch().delayed_scaling_update(
-                desc, code, float(recipe.margin), native.stream_handle(first.device.index))
+                desc, code, float(recipe.margin), native.stream_handle(states[0].device.index))
         return
-    for fwd in ((False, True) if also_forward else (forward,)):
+    for fwd in directions:
         if fwd:
             groups = [(s._amax_history_fwd, s._scale_fwd, s._scale_inv_fwd, s.fwd_max) for s in states]
         else:
@@ -570,7 +576,7 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
         groups = [g for g in groups if g[0].shape[1] > 0]
         if groups:
             from .ops import delayed_scaling_update
-            delayed_scaling_update(groups, algo, float(recipe.margin))
+            delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))
 
 
 # Steps whose forward update waits for their last backward (see the module docstring).

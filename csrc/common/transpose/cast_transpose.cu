@@ -8,6 +8,7 @@
 #include "transpose/fused_launch.h"
 #include "transpose/tile_transpose.cuh"
 #include "util/row_kernels.cuh"
+#include "util/stream_capture.h"
 
 namespace te {
 namespace tile_transpose {
@@ -82,16 +83,6 @@ void launch_cast_transpose(const NVTETensor& input, const NVTETensor& output,
           static_cast<OutT*>(output.data), static_cast<OutT*>(output_t.data), rows, cols,
           output.scale, output.amax, output.scale_inv, partial, to_stream(stream), dbias,
           dbias_dtype)));
-}
-
-// Whether the stream is being captured into a graph (or cannot be asked: then treated as such).
-bool stream_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // current == nullptr: the outputs' own scales. Otherwise Float8CurrentScaling (GridScaling above;

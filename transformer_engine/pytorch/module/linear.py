@@ -249,7 +249,6 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
     code = _CODE[rs.bwd_dtype]
     n = _fast.aligned(tokens * out_features)
     n_t = n if need_wgrad else 0
-    db = None
     if need_wgrad and ctx.has_bias_grad:  # [dyq | dyq.T | scale_inv | dbias workspace]
         ws_elems = _fast.dbias_workspace_elems(nc, tokens, out_features, _CODE[dy.dtype], code,
                                                ctx.bias_dtype)
