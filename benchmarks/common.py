@@ -38,7 +38,8 @@ def time_ms(fn, warmup: int = 5, reps: int = 30, graph: bool = True, calls: int 
 
 
 def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int = 20,
-                        calls: int = 10, graph: bool = True, eager_calls: int = 1) -> dict:
+                        calls: int = 10, graph: bool = True, eager_calls: int = 1,
+                        per_round: bool = False) -> dict:
     """{name: median milliseconds of one fn()} for several contenders timed in alternation.
 
     Every contender is prepared as in time_ms (a CUDA graph of `calls` calls, or eager calls if
@@ -52,9 +53,11 @@ def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int =
     (no synchronisation between them, as in a training loop) and its time is their mean. A
     single synchronised call also times the host's work before its first kernel, while the
     device idles; back-to-back calls measure the steady state, where that latency overlaps the
-    previous call's kernels (as long as the host keeps ahead of the device)."""
+    previous call's kernels (as long as the host keeps ahead of the device).
+
+    per_round=True returns {name: [round medians]} instead (for ratios paired by round)."""
     runners = {name: _replayable(fn, warmup, graph, calls, eager_calls) for name, fn in fns.items()}
-    per_round = {name: [] for name in fns}
+    rounds_ms = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -63,8 +66,10 @@ def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int =
                 # eager contenders share the caching allocator: one untimed call re-populates this
                 # contender's blocks after the others ran, so no timed call pays for cudaMalloc
                 run()
-            per_round[name].append(_median_ms(run, per_replay, reps))
-    return {name: statistics.median(ms) for name, ms in per_round.items()}
+            rounds_ms[name].append(_median_ms(run, per_replay, reps))
+    if per_round:
+        return rounds_ms
+    return {name: statistics.median(ms) for name, ms in rounds_ms.items()}
 
 
 def _replayable(fn, warmup: int, graph: bool, calls: int, eager_calls: int = 1):

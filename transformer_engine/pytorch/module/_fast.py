@@ -10,6 +10,8 @@ checked ops. The FP8 data and scales are the same bits either way; a bias gradie
 fused kernel may differ in its last bit from the checked path's fp32 column sum (another order)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import native
@@ -151,31 +153,42 @@ _GRADS_SHARED_MAX = 4 << 20
 
 
 def step_grads(device, dtype, shapes):
-    """Contiguous tensors of dtype for `shapes` (None entries give None): views of one
+    """Contiguous tensors of dtype for `shapes` (a tuple; None entries give None): views of one
     allocation, each on a 256-byte boundary, when they are small together, else one each."""
-    item = dtype.itemsize
-    sizes = []
-    for shape in shapes:
-        n = 0
-        if shape is not None:
-            n = 1
-            for d in shape:
-                n *= d
-        sizes.append(n)
-    total = sum(aligned(n * item) for n in sizes)
-    if total > _GRADS_SHARED_MAX:
+    key = (dtype, shapes)
+    layout = _GRAD_LAYOUTS.get(key)
+    if layout is None:
+        if len(_GRAD_LAYOUTS) >= 256:  # varying token counts: keep the table small
+            _GRAD_LAYOUTS.clear()
+        layout = _GRAD_LAYOUTS[key] = _grad_layout(dtype, shapes)
+    total, views = layout
+    if total is None:
         return [torch.empty(shape, dtype=dtype, device=device) if shape is not None else None
                 for shape in shapes]
-    buf = torch.empty(max(total // item, 1), dtype=dtype, device=device)
-    out, offset = [], 0
+    buf = torch.empty(total, dtype=dtype, device=device)
+    return [buf.as_strided(*v) if v is not None else None for v in views]
+
+
+# (dtype, shapes) -> (elements of the shared buffer or None, [(shape, stride, offset) or None]):
+# the arithmetic of step_grads, done once per problem
+_GRAD_LAYOUTS: dict = {}
+
+
+def _grad_layout(dtype, shapes):
+    item = dtype.itemsize
+    sizes = [math.prod(shape) if shape is not None else 0 for shape in shapes]
+    total = sum(aligned(n * item) for n in sizes)
+    if total > _GRADS_SHARED_MAX:
+        return None, None
+    views, offset = [], 0
     for shape, n in zip(shapes, sizes):
         if shape is None:
-            out.append(None)
+            views.append(None)
             continue
         stride = (shape[1], 1) if len(shape) == 2 else (1,)
-        out.append(buf.as_strided(shape, stride, offset))
+        views.append((shape, stride, offset))
         offset += aligned(n * item) // item
-    return out
+    return max(total // item, 1), views
 
 
 def region_view(buf: torch.Tensor, offset: int, shape, dtype) -> torch.Tensor:

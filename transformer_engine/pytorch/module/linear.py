@@ -17,7 +17,10 @@ from ._casts import cast, check_fp8_dims, record_amax
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inp, weight, bias, module, fi, dtype, is_first_microbatch, fuse_wgrad, nc):
+    def forward(ctx, inp, weight, bias, call):
+        # the call's non-tensor arguments come as one tuple: Function.apply inspects every
+        # argument and the backward returns a gradient slot for each (host time per call)
+        module, fi, dtype, is_first_microbatch, fuse_wgrad, nc = call
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
         x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
@@ -115,7 +118,7 @@ class _LinearFn(torch.autograd.Function):
             fi.step.backward_finished()
         if dx is not None and len(inp_shape) != 2:
             dx = dx.view(inp_shape)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None
 
 
 _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
@@ -434,8 +437,8 @@ class Linear(TransformerEngineBaseModule):
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()
                  else _LinearFn.apply)
-        out = apply(inp, weight, bias if add_bias_in_gemm else None, self, fi, dtype,
-                    is_first_microbatch, self.fuse_wgrad_accumulation, nc)
+        out = apply(inp, weight, bias if add_bias_in_gemm else None,
+                    (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc))
         if self.parallel_mode == "row":
             out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
             if bias is not None and not add_bias_in_gemm and not self.return_bias:
