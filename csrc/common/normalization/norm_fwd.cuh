@@ -14,8 +14,11 @@
 // packed x alone, x loads bypassing L1, evict-first x loads, streaming or evict-first stores,
 // two rows per block and register caps for 6 or 8 resident blocks were no faster. bench_kernels on
 // an H100 (full repetitions): LayerNorm 0.999x / 1.125x, RMSNorm 0.997x / 1.023x compile at
-// 32768x8192 / 16384x4096; at 32768x8192 both are at 100.3-100.6% of copy like compile. The general path handles every other shape
-// with scalar accesses, re-reading the row (from cache) in each pass.
+// 32768x8192 / 16384x4096; at 32768x8192 both are at 100.3-100.6% of copy like compile.
+// RMSNorm on rows of 4104 to 8192 16-bit columns (and on rows too long for registers) takes the
+// looped path instead (norm_fwd_rms_looped_kernel: the row read twice, the second time from
+// L2): 1.009x compile at 32768x8192, 101.0% of copy. The general path handles every other
+// shape with scalar accesses, re-reading the row (from cache) in each pass.
 #pragma once
 
 #include "normalization/norm_kernels.cuh"
@@ -162,6 +165,97 @@ __global__ void __launch_bounds__(1024) norm_fwd_register_kernel(FwdArgs<T, W, O
   if (kFp8) finish_fp8<O>(amax, a.scale, a.amax, a.scale_inv, scratch);
 }
 
+// RMSNorm on long rows of 16-bit values: one block of kBlock threads per row and the row read
+// twice, once for the sum of squares (under an L2 evict-last policy, so that its lines stay) and
+// once from L2 for the output (evict-first: the last use), kBatch 16-byte chunks per thread in
+// flight at a time. Nothing lives across the barrier, so 3 blocks of 512 threads share an SM.
+// This is the schedule of torch.compile's Triton kernel for the same op (a loop over the row,
+// a second loop re-reading it). On an H100 at 32768x8192 bf16 (scratch harness interleaved with
+// torch.compile, two timings each) 512 x 2 with 2 or 3 rows per SM took RMSNorm from 0.996x to
+// 1.010x compile (bench_kernels: 1.009x, 101.0% of copy); 4 rows per SM (32 registers) 0.997x,
+// 256 x 4 0.993x, 512 x 1 0.994x, 8-byte chunks 0.89-1.007x. LayerNorm does not gain: its
+// second reduction (or a one-barrier merge of per-warp moments) lengthens the row's time after
+// its data arrives, and the looped variants ran at 0.66-1.002x against 1.000x for the register
+// kernel (512 x 2 at 3 rows per SM: 0.95x), so LayerNorm keeps the register kernel.
+template <typename T, typename W, typename O, int kBlock, int kBatch, int kMinBlocks>
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+    norm_fwd_rms_looped_kernel(FwdArgs<T, W, O> a) {
+  wait_for_previous_grid();
+  release_next_grid();
+  static_assert(sizeof(T) == 2 && !is_fp8_type<O>(), "16-bit input, 16-bit output");
+  static_assert(kBlock % TE_WARP_SIZE == 0 && kBlock / TE_WARP_SIZE <= kMaxWarps, "block");
+  constexpr int kN = 16 / sizeof(T);
+  constexpr int kStep = kBlock * kBatch;  // chunks per batch
+  constexpr int kWarps = kBlock / TE_WARP_SIZE;
+  __shared__ float part[kMaxWarps];  // per warp: sum of squares
+  const int t = threadIdx.x;
+  const int lane = t % TE_WARP_SIZE, warp = t / TE_WARP_SIZE;
+  const int64_t row = blockIdx.x;
+  const int cols = a.cols;
+  const int chunks = cols / kN;
+  const T* x = a.x + row * cols;
+
+  const uint64_t keep = l2_evict_last_policy();
+  float sum = 0.f;
+#pragma unroll 1
+  for (int base = 0; base < chunks; base += kStep) {
+    uint4 w[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = base + j * kBlock + t;
+      w[j] = c < chunks ? load16_l2_policy(x + int64_t(c) * kN, keep) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (base + j * kBlock + t >= chunks) continue;
+      float v[kN];
+      rows::unpack_words<T>(w[j], v);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) sum += v[k] * v[k];
+    }
+  }
+  for (int offset = TE_WARP_SIZE / 2; offset > 0; offset /= 2) sum += warp_shfl_xor(sum, offset);
+  if (lane == 0) part[warp] = sum;
+  __syncthreads();
+  float q = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) q += part[w];
+  const float rs = 1.f / sqrtf(q / cols + a.epsilon);
+  if (t == 0 && a.rsigma != nullptr) a.rsigma[row] = rs;
+
+  const uint64_t drop = l2_evict_first_policy();
+  O* z = a.z + row * cols;
+#pragma unroll 1
+  for (int base = 0; base < chunks; base += kStep) {
+    uint4 w[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = base + j * kBlock + t;
+      if (c < chunks) w[j] = load16_l2_policy(x + int64_t(c) * kN, drop);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = base + j * kBlock + t;
+      if (c >= chunks) continue;
+      float g[kN], v[kN], y[kN];
+      load_floats<W, kN>(a.gamma + int64_t(c) * kN, g);
+      rows::unpack_words<T>(w[j], v);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) y[k] = v[k] * rs * (g[k] + a.gamma_shift);
+      store_floats<O, kN>(z + int64_t(c) * kN, y);
+    }
+  }
+}
+
+// The looped RMSNorm launch: 512 threads x 2 chunks per row; 3 rows per SM (40 registers) with
+// 16-bit weights, 2 with fp32 weights (which would spill at 40).
+constexpr int kRmsLoopBlock = 512;
+constexpr int kRmsLoopBatch = 2;
+template <typename T, typename W>
+constexpr int rms_loop_min_blocks() {
+  return sizeof(W) == sizeof(T) ? 3 : 2;
+}
+
 // Any cols, any alignment: three strided passes over the row (sum, squared deviations, output).
 template <typename T, typename W, typename O, bool kRms>
 __global__ void __launch_bounds__(1024) norm_fwd_general_kernel(FwdArgs<T, W, O> a) {
@@ -224,6 +318,22 @@ void launch_fwd(const NormFwdParams& p, cudaStream_t stream) {
   // RMSNorm took 92.3 us that way against 93.5 us for 128 x 4 (LayerNorm, with its two
   // reductions, the reverse: 108.8 us against 94.2 us); at 8192 columns 256 x 4 beat 512 x 2.
   const int64_t chunks = p.cols / kN;
+  // RMSNorm rows of 16-bit values that the looped kernel reads in one batch (513 to 1024
+  // chunks: measured at 8192 bf16 columns), and rows too long for the register path, which
+  // would otherwise take the scalar general path. Rows of 1025 to 4096 chunks keep the
+  // register kernel (the looped one was not measured there).
+  if constexpr (kRms && sizeof(T) == 2 && !kFp8) {
+    const bool one_batch = chunks > kRmsLoopBlock && chunks <= kRmsLoopBlock * kRmsLoopBatch;
+    const bool too_long = chunks > int64_t(kMaxIters) * kMaxTpr;
+    if (vectorizable && (one_batch || too_long) && p.rows > 0 && p.rows <= INT32_MAX) {
+      a.tpr = kRmsLoopBlock;
+      launch_overlapping(norm_fwd_rms_looped_kernel<T, W, O, kRmsLoopBlock, kRmsLoopBatch,
+                                                    rms_loop_min_blocks<T, W>()>,
+                         dim3(unsigned(p.rows)), dim3(kRmsLoopBlock), stream, a);
+      check_launch("norm_fwd_rms_looped_kernel");
+      return;
+    }
+  }
   RowLayout layout;
   const bool rms_wide = kRms && chunks >= 512 && pick_register_layout(chunks, 2, 256, &layout);
   if (vectorizable && (rms_wide || pick_register_layout(chunks, kMaxIters, kMaxTpr, &layout))) {

@@ -129,6 +129,17 @@ __device__ __forceinline__ uint64_t l2_evict_last_policy() {
 #endif
 }
 
+// The opposite hint, for the last read of data read twice: its line is the first to leave L2.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+#else
+  return 0;
+#endif
+}
+
 __device__ __forceinline__ uint4 load16_l2_policy(const void* p, uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint4 r;
