@@ -173,24 +173,19 @@ def bench_steps(name, reps, with_compile):
 
 
 # The BF16-vs-compile bar compares two contenders that run the same cuBLAS GEMMs, so their
-# difference is within the few percent by which the GPU's clocks drift (power and temperature)
-# over the five-contender rounds above, and a contender's neighbours in the round order change
-# its clocks. This second measurement alternates the two alone (A B, B A, ...) for PAIR_ROUNDS
-# rounds and takes the ratio within each round: the median of those ratios, with its spread.
+# difference is within the few percent by which the GPU's clocks drift over the five-contender
+# rounds above (and a contender's neighbours in the round order change its clocks): a second
+# measurement alternates the two alone (common.paired_ratio) for PAIR_ROUNDS rounds.
 PAIR_ROUNDS = 12
 
 
 def paired_bf16_vs_compile(te_step, compile_step, reps):
-    ms = common.time_interleaved_ms({"te": te_step, "compile": compile_step}, rounds=PAIR_ROUNDS,
-                                    warmup=1, reps=max(3, reps // STEP_ROUNDS), graph=False,
-                                    eager_calls=STEP_CALLS, per_round=True)
-    ratios = sorted(c / t for t, c in zip(ms["te"], ms["compile"]))
-    q = len(ratios) // 4
-    out = {"paired_te_bf16_vs_compile": statistics.median(ratios),
-           "paired_ratio_iqr": [ratios[q], ratios[-1 - q]], "paired_rounds": len(ratios)}
-    print(f"{'':>16}  te bf16 vs compile, {len(ratios)} paired rounds: median {out['paired_te_bf16_vs_compile']:.4f}"
-          f" (quartiles {ratios[q]:.4f}-{ratios[-1 - q]:.4f})", flush=True)
-    return out
+    p = common.paired_ratio(te_step, compile_step, PAIR_ROUNDS, max(3, reps // STEP_ROUNDS), STEP_CALLS)
+    q1, q3 = p["quartiles"]
+    print(f"{'':>16}  te bf16 vs compile, {p['rounds']} paired rounds: median {p['median']:.4f}"
+          f" (quartiles {q1:.4f}-{q3:.4f})", flush=True)
+    return {"paired_te_bf16_vs_compile": p["median"], "paired_ratio_iqr": p["quartiles"],
+            "paired_rounds": p["rounds"]}
 
 
 # ----- 2. host time ------------------------------------------------------------------------------

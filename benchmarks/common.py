@@ -72,6 +72,19 @@ def time_interleaved_ms(fns: dict, rounds: int = 5, warmup: int = 5, reps: int =
     return {name: statistics.median(ms) for name, ms in rounds_ms.items()}
 
 
+def paired_ratio(fn_a, fn_b, rounds: int, reps: int, eager_calls: int = 1) -> dict:
+    """How many times faster fn_a is than fn_b, for two contenders whose difference is within
+    the few percent by which the GPU's clocks drift (power, temperature): the two alone, timed
+    eagerly in alternation (A B, B A, ...), the ratio taken within each round. Returns the
+    median ratio, its quartiles and the number of rounds."""
+    ms = time_interleaved_ms({"a": fn_a, "b": fn_b}, rounds=rounds, warmup=1, reps=reps,
+                             graph=False, eager_calls=eager_calls, per_round=True)
+    ratios = sorted(b / a for a, b in zip(ms["a"], ms["b"]))
+    q = len(ratios) // 4
+    return {"median": statistics.median(ratios), "quartiles": [ratios[q], ratios[-1 - q]],
+            "rounds": len(ratios)}
+
+
 def _replayable(fn, warmup: int, graph: bool, calls: int, eager_calls: int = 1):
     """(run, calls per run, graphed): a replay of a CUDA graph of `calls` fn() calls, or
     `eager_calls` eager fn() calls."""

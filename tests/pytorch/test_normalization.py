@@ -19,9 +19,10 @@ DTYPES = [(torch.float32, torch.float32), (torch.float16, torch.float16),
           (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
           (torch.float16, torch.float32)]
 # Empty, odd (general path), short and long register-path rows, the long-row backward variant
-# (16384), and a row too long for registers (40000).
+# (16384), a row too long for registers (40000), and the ends of the range where 16-bit RMSNorm
+# forward takes the looped kernel (4104 and 8192 columns: 513 and 1024 16-byte chunks).
 SHAPES = [(0, 64), (1, 37), (37, 23), (5, 3, 128), (64, 768), (33, 1000), (37, 1001), (16, 4096),
-          (4, 16384), (2, 40000)]
+          (5, 4104), (3, 8192), (4, 16384), (2, 40000)]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
