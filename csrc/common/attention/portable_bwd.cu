@@ -237,7 +237,8 @@ void launch_bwd(const AttnArgs& args) {
     check_launch("attention_delta_kernel");
   }
   // the same choice as portable_forward()
-  if (k.dq_acc != nullptr && backward_atomic_tc(args, k)) return;
+  if (k.dq_acc != nullptr && (backward_atomic_wgmma(args, k) || backward_atomic_tc(args, k)))
+    return;
   if (matrix_units_allowed() && backward_tc(args, k)) return;
   attention_dkdv_kernel<T, D><<<dim3(k_tiles, hkv, batch), kBwdThreads, 0, stream>>>(k);
   check_launch("attention_dkdv_kernel");

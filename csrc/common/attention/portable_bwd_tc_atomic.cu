@@ -45,16 +45,6 @@ struct TcAtomicShapeOf {
 template <int D>
 using TcAtomicShape = TcAtomicShapeOf<D, D == 64 ? 2 : 1>;
 
-// dst[0] += x, dst[1] += y (8-byte aligned), without reading the result back.
-__device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
-#else
-  atomicAdd(dst, x);
-  atomicAdd(dst + 1, y);
-#endif
-}
-
 template <typename T, int D, typename Shape>
 __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     attention_bwd_atomic_tc_kernel(KernelArgs a) {
@@ -185,8 +175,8 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
       float* row =
           a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + dh * DQC + 2 * quad;
 #pragma unroll
-      for (int n = 0; n < DQC / 8; ++n) red_add_pair(row + n * 8, dq[n][2 * half],
-                                                 dq[n][2 * half + 1]);
+      for (int n = 0; n < DQC / 8; ++n)
+        tc::red_add_pair(row + n * 8, dq[n][2 * half], dq[n][2 * half + 1]);
     }
   }
   mma_sync::cp_async_wait<0>();
@@ -230,15 +220,33 @@ void launch_bwd_atomic_tc(const AttnArgs& args, const KernelArgs& k) {
   kernel<<<dim3(k_tiles, static_cast<unsigned>(args.p.num_heads_kv), batch), Shape::NT,
            Shape::kBytes, stream>>>(k);
   check_launch("attention_bwd_atomic_tc_kernel");
+  convert_dq_sums(args, k);
+}
+
+template <typename T, int D>
+void launch_dq_convert(const AttnArgs& args, const KernelArgs& k) {
   const unsigned row_blocks =
       static_cast<unsigned>((args.p.max_seqlen_q * (D / 4) + 255) / 256);
   if (row_blocks == 0) return;
   attention_dq_convert_kernel<T, D>
-      <<<dim3(row_blocks, static_cast<unsigned>(args.p.num_heads_q), batch), 256, 0, stream>>>(k);
+      <<<dim3(row_blocks, static_cast<unsigned>(args.p.num_heads_q),
+              static_cast<unsigned>(args.p.batch)),
+         256, 0, to_stream(args.stream)>>>(k);
   check_launch("attention_dq_convert_kernel");
 }
 
 }  // namespace
+
+void convert_dq_sums(const AttnArgs& args, const KernelArgs& k) {
+  const bool d64 = args.p.head_dim_qk == 64;
+  if (args.p.dtype == kNVTEFloat16) {
+    if (d64) launch_dq_convert<fp16, 64>(args, k);
+    else launch_dq_convert<fp16, 128>(args, k);
+  } else {
+    if (d64) launch_dq_convert<bf16, 64>(args, k);
+    else launch_dq_convert<bf16, 128>(args, k);
+  }
+}
 
 bool backward_atomic_tc(const AttnArgs& args, const KernelArgs& k) {
   if (k.dq_acc == nullptr || !tensor_cores_usable()) return false;

@@ -174,6 +174,9 @@ bool backward_tc(const AttnArgs& a, const KernelArgs& k);
 // into k.dq_acc, which the delta pass zeroes; false where it cannot run (no accumulator: a
 // deterministic call; no tensor cores).
 bool backward_atomic_tc(const AttnArgs& a, const KernelArgs& k);
+// The same scheme on Hopper's warpgroup MMA (portable_bwd_wgmma.cu: NVIDIA sm_90a code on a
+// compute capability 9.0 device); false elsewhere, and the caller runs backward_atomic_tc.
+bool backward_atomic_wgmma(const AttnArgs& a, const KernelArgs& k);
 
 }  // namespace portable
 }  // namespace attention

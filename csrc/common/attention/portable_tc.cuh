@@ -181,6 +181,16 @@ __device__ __forceinline__ bool tile_all_visible(const KernelArgs& a, int off, i
   return true;
 }
 
+// dst[0] += x, dst[1] += y (8-byte aligned), without reading the result back.
+__device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
 // Writes a [16 x D] accumulator * scale as rows row0 + g, row0 + g + 8 of a [positions, D] slice
 // (rows < valid): each lane stores two elements per fragment and row.
 template <typename T, int D>
@@ -208,18 +218,13 @@ struct KvBlockWalk {
   int k1, off, q_first, group, tiles_per_head, steps;
 };
 
-// Starts the cp.async copies of the block's K and V tiles (not committed) and returns its walk.
-template <typename T, int BO, int BS, int D, int NT>
-__device__ __forceinline__ KvBlockWalk start_kv_block(const KernelArgs& a, const SeqGeom& geo,
-                                                      int hk, int k0, T* k_s, T* v_s) {
+// The walk of the block that owns keys [k0, k0 + BO) (sequence geometry and masks only).
+template <int BO, int BS>
+__device__ __forceinline__ KvBlockWalk kv_block_walk(const KernelArgs& a, const SeqGeom& geo,
+                                                     int k0) {
   KvBlockWalk w;
   w.k1 = min(k0 + BO, geo.lk);
   w.off = diag_offset(a, geo);
-  const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
-  load_tile_async<T, BO, D, NT>(k_s, static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride, k0,
-                                geo.lk);
-  load_tile_async<T, BO, D, NT>(v_s, static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride, k0,
-                                geo.lk);
   int lo, hi;
   query_range(a, w.off, k0, w.k1, geo.lq, &lo, &hi);
   w.q_first = (lo / BS) * BS;
@@ -229,9 +234,34 @@ __device__ __forceinline__ KvBlockWalk start_kv_block(const KernelArgs& a, const
   return w;
 }
 
+// Starts the cp.async copies of the block's K and V tiles (not committed) and returns its walk.
+template <typename T, int BO, int BS, int D, int NT>
+__device__ __forceinline__ KvBlockWalk start_kv_block(const KernelArgs& a, const SeqGeom& geo,
+                                                      int hk, int k0, T* k_s, T* v_s) {
+  const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
+  load_tile_async<T, BO, D, NT>(k_s, static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride, k0,
+                                geo.lk);
+  load_tile_async<T, BO, D, NT>(v_s, static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride, k0,
+                                geo.lk);
+  return kv_block_walk<BO, BS>(a, geo, k0);
+}
+
+// lse * log2(e) and delta of query rows [q0, q0 + BS) of head h into stats[0, BS) and
+// stats[BS, 2 BS), by plain loads (copying these two rows with cp.async as well measured 1-7%
+// slower on an H100); rows past the sequence get -inf and 0, which zero their P and dS.
+template <int BS, int NT>
+__device__ __forceinline__ void load_row_stats(const KernelArgs& a, const SeqGeom& geo, int b,
+                                               int h, int q0, float* stats) {
+  for (int rr = threadIdx.x; rr < BS; rr += NT) {
+    const int i = q0 + rr;
+    const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+    stats[rr] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
+    stats[BS + rr] = i < geo.lq ? a.delta[row] : 0.f;
+  }
+}
+
 // Issues the copies of step `step` of walk w into stage st: the Q and dO tiles (cp.async, at
-// q_s + 2 st BS LD and BS LD further) and the rows' lse * log2(e) and delta (plain loads: copying
-// these two rows with cp.async as well measured 1-7% slower on an H100).
+// q_s + 2 st BS LD and BS LD further) and the rows' statistics (load_row_stats).
 template <typename T, int BS, int D, int NT>
 __device__ __forceinline__ void issue_query_step(const KernelArgs& a, const SeqGeom& geo, int b,
                                                  int hk, const KvBlockWalk& w, int step, int st,
@@ -245,16 +275,15 @@ __device__ __forceinline__ void issue_query_step(const KernelArgs& a, const SeqG
                                 geo.lq);
   load_tile_async<T, BS, D, NT>(dst + BS * LD, static_cast<const T*>(a.d_o) + head,
                                 a.q_tok_stride, q0, geo.lq);
-  float* stats = stats_s + 2 * st * BS;
-  for (int rr = threadIdx.x; rr < BS; rr += NT) {
-    const int i = q0 + rr;
-    const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
-    stats[rr] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
-    stats[BS + rr] = i < geo.lq ? a.delta[row] : 0.f;
-  }
+  load_row_stats<BS, NT>(a, geo, b, h, q0, stats_s + 2 * st * BS);
 }
 
 }  // namespace tc
+
+// dq = scale * dq_acc in the output dtype, after a single-pass backward summed dQ into k.dq_acc
+// (portable_bwd_tc_atomic.cu, portable_bwd_wgmma.cu).
+void convert_dq_sums(const AttnArgs& args, const KernelArgs& k);
+
 }  // namespace portable
 }  // namespace attention
 }  // namespace te

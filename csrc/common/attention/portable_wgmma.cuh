@@ -149,18 +149,21 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 #define TE_WG_OUT32 TE_WG_F8(0), TE_WG_F8(8), TE_WG_F8(16), TE_WG_F8(24)
 #define TE_WG_OUT64 TE_WG_OUT32, TE_WG_F8(32), TE_WG_F8(40), TE_WG_F8(48), TE_WG_F8(56)
 
-// Both operands in shared memory, both K-major; d = A . B^T, or d += A . B^T when accumulate.
-#define TE_WG_SS(SHAPE, TY, DREGS, DESC_A, DESC_B, ACC)                                   \
+// Both operands in shared memory; d = A . B^T, or d += A . B^T when accumulate. TRANS_A / TRANS_B
+// (immediates): 0 for a K-major operand, 1 for an MN-major one (transposed on read).
+#define TE_WG_SS(SHAPE, TY, DREGS, DESC_A, DESC_B, ACC, TRANS_A, TRANS_B)                 \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                           \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " DREGS ", " DESC_A ", " DESC_B \
-  ", p, 1, 1, 0, 0;\n}\n"
+  ", p, 1, 1, " TRANS_A ", " TRANS_B ";\n}\n"
 // A from registers (four words), B MN-major in shared memory (transposed on read).
 #define TE_WG_RS(SHAPE, TY, DREGS, A_REGS, DESC_B, ACC)                                   \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                           \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " DREGS ", " A_REGS ", " DESC_B \
   ", p, 1, 1, 1;\n}\n"
 
-template <typename T, int N>
+// A and B K-major by default (S = Q K^T); TRANS_A / TRANS_B = 1 reads that operand MN-major
+// (the backward's dQ = dS K takes dS from its transposed tile dS^T).
+template <typename T, int N, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                        int accumulate) {
 #ifdef TE_WGMMA_UNAVAILABLE
@@ -169,17 +172,21 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint6
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
   static_assert(N == 64 || N == 128, "wgmma::mma_ss: N is 64 or 128");
   if constexpr (N == 128 && kBf16) {
-    asm volatile(TE_WG_SS("m64n128k16", "bf16", TE_WG_D64, "%64", "%65", "%66")
-                 : TE_WG_OUT64 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    asm volatile(TE_WG_SS("m64n128k16", "bf16", TE_WG_D64, "%64", "%65", "%66", "%67", "%68")
+                 : TE_WG_OUT64
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   } else if constexpr (N == 128) {
-    asm volatile(TE_WG_SS("m64n128k16", "f16", TE_WG_D64, "%64", "%65", "%66")
-                 : TE_WG_OUT64 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    asm volatile(TE_WG_SS("m64n128k16", "f16", TE_WG_D64, "%64", "%65", "%66", "%67", "%68")
+                 : TE_WG_OUT64
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   } else if constexpr (kBf16) {
-    asm volatile(TE_WG_SS("m64n64k16", "bf16", TE_WG_D32, "%32", "%33", "%34")
-                 : TE_WG_OUT32 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    asm volatile(TE_WG_SS("m64n64k16", "bf16", TE_WG_D32, "%32", "%33", "%34", "%35", "%36")
+                 : TE_WG_OUT32
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   } else {
-    asm volatile(TE_WG_SS("m64n64k16", "f16", TE_WG_D32, "%32", "%33", "%34")
-                 : TE_WG_OUT32 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    asm volatile(TE_WG_SS("m64n64k16", "f16", TE_WG_D32, "%32", "%33", "%34", "%35", "%36")
+                 : TE_WG_OUT32
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
   }
 #endif
 }
