@@ -114,10 +114,10 @@ double rel_err(const std::vector<__half>& got, const std::vector<double>& want) 
   return err / scale;
 }
 
-void run_backend(NVTEAttnBackend backend, bool causal) {
-  Dims s;
-  const NVTEAttnParams p =
-      params_of(s, causal ? kNVTEAttnMaskCausalBottomRight : kNVTEAttnMaskNone);
+void run_backend(NVTEAttnBackend backend, bool causal, const Dims& s = Dims(),
+                 bool deterministic = true) {
+  NVTEAttnParams p = params_of(s, causal ? kNVTEAttnMaskCausalBottomRight : kNVTEAttnMaskNone);
+  p.deterministic = deterministic;
   NVTEStatus st = nvte_attention_support(backend, &p, 0);
   if (st != kNVTESuccess) {
     // the cuDNN backend may be absent from this build; a refusal must say why
@@ -186,6 +186,20 @@ TE_TEST(attention_portable_matches_cpu) {
   TE_EXPECT(nvte_attention_set_portable_variant(static_cast<NVTEAttnPortableVariant>(5)) ==
                 kNVTEInvalidArgument,
             "bad variant");
+}
+
+// The single-pass backward of non-deterministic calls at head dim 128 over several key blocks
+// (128 keys) and query tiles (64): the warpgroup-MMA kernel on an H100 (portable_bwd_wgmma.cu),
+// the mma.sync one on other NVIDIA GPUs.
+TE_TEST(attention_portable_single_pass_d128_matches_cpu) {
+  Dims s;
+  s.sq = 150;
+  s.skv = 203;
+  s.d = 128;
+  TE_EXPECT(nvte_attention_set_portable_variant(kNVTEAttnPortableAuto) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  run_backend(kNVTEAttnBackendPortable, false, s, false);
+  run_backend(kNVTEAttnBackendPortable, true, s, false);
 }
 
 TE_TEST(attention_cudnn_matches_cpu_or_says_why) {
