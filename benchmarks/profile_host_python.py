@@ -11,8 +11,10 @@ bench_modules.py --filter host on the GPU.
 """
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
+import sys
 import time
 
 import torch
@@ -21,6 +23,9 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import quantization as q
 from transformer_engine.pytorch.module import _fast
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_modules import step_fn  # noqa: E402  (the same step as the GPU host benchmark)
 
 T, FIN, FOUT = 64, 1024, 1024
 DT = torch.bfloat16
@@ -49,21 +54,6 @@ def _patch_native():
     _fast.native_call_again = lambda nc, x: nc if nc is not None else call
     q.RecipeState.on_native = lambda self: True
     q.check_fp8_support = lambda *a: None
-
-
-def _te_step(module, x, dy, fp8_recipe):
-    params = list(module.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        if fp8_recipe is None:
-            out = module(x)
-        else:
-            with te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe):
-                out = module(x)
-        out.backward(dy)
-    return step
 
 
 class _Floor(torch.autograd.Function):
@@ -103,7 +93,7 @@ def main():
     dy = torch.randn(T, FOUT, dtype=DT)
     recipes = {"bf16": None, "fp8 delayed": recipe.DelayedScaling(),
                "fp8 current": recipe.Float8CurrentScaling()}
-    steps = {n: _te_step(te.Linear(FIN, FOUT, params_dtype=DT), x, dy, r) for n, r in recipes.items()}
+    steps = {n: step_fn(te.Linear(FIN, FOUT, params_dtype=DT), x, dy, r) for n, r in recipes.items()}
     lin = te.Linear(FIN, FOUT, params_dtype=DT)
     floor_apply = super(torch.autograd.Function, _Floor).apply
     noop = lambda *a: None  # noqa: E731
