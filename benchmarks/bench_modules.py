@@ -212,23 +212,23 @@ def gpu_time_us(step, iters=20, sleep_cycles=400_000_000):
     return 1e3 * start.elapsed_time(end) / iters
 
 
+HOST_CHUNK = 20
+
+
 def host_round_us(step, iters):
     """(best chunk, whole round): wall time per step of the Python loop issuing `iters` steps back
     to back, in chunks of HOST_CHUNK steps (see 2. above)."""
+    chunks = max(1, iters // HOST_CHUNK)
     torch.cuda.synchronize()
     best, total = float("inf"), 0.0
-    for _ in range(max(1, iters // HOST_CHUNK)):
+    for _ in range(chunks):
         t0 = time.perf_counter()
         for _ in range(HOST_CHUNK):
             step()
         dt = time.perf_counter() - t0
         best, total = min(best, dt), total + dt
     torch.cuda.synchronize()
-    chunks = max(1, iters // HOST_CHUNK)
     return 1e6 * best / HOST_CHUNK, 1e6 * total / (chunks * HOST_CHUNK)
-
-
-HOST_CHUNK = 20
 
 
 def bench_host(iters):
