@@ -41,11 +41,12 @@ class _NoOpModule:
 
 
 class _NoOpCall:
-    __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device")
+    __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device", "env")
 
     def __init__(self):
         self.mod, self.stream, self.ws = _NoOpModule(), 0, None
         self.ws_ptr, self.ws_size, self.device = 256, 1 << 20, torch.device("cpu")
+        self.env = (self.ws_ptr, self.ws_size, self.stream)
 
 
 def _patch_native():

@@ -58,6 +58,39 @@ struct Scaling {
   uintptr_t scale_of(int slot) const { return scale + 4 * static_cast<uintptr_t>(slot); }
 };
 
+// The constant groups of a call travel as one tuple each, made once in Python and read here
+// without pybind11's per-argument conversion (about 25 ns an argument on a fast host, several
+// times that on the slow lent ones; the FP8 calls had over 30 arguments):
+//   scaling: a recipe state's (history, scale, scale_inv, fp8_max, counter) of one direction
+//            (RecipeState._pointers in transformer_engine/pytorch/quantization.py)
+//   env:     the call's (workspace, workspace bytes, stream) (module/_fast.py, NativeCall.env)
+uintptr_t int_at(const py::tuple& t, size_t i) {
+  const unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t.ptr(), i));
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<uintptr_t>(v);
+}
+
+Scaling scaling_from(const py::tuple& t, bool delayed) {
+  if (t.size() != 5)
+    throw py::value_error("scaling: expected (history, scale, scale_inv, fp8_max, counter)");
+  const double fp8_max = PyFloat_AsDouble(PyTuple_GET_ITEM(t.ptr(), 3));
+  if (fp8_max == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+  return Scaling{int_at(t, 0), int_at(t, 1), int_at(t, 2), int_at(t, 4),
+                 static_cast<float>(fp8_max), delayed};
+}
+
+struct CallEnv {
+  void* workspace;
+  size_t workspace_size;
+  NVTEStream stream;
+};
+
+CallEnv env_from(const py::tuple& t) {
+  if (t.size() != 3) throw py::value_error("env: expected (workspace, workspace bytes, stream)");
+  return CallEnv{reinterpret_cast<void*>(int_at(t, 0)), static_cast<size_t>(int_at(t, 1)),
+                 stream_from_int(int_at(t, 2))};
+}
+
 // Current scaling: the scales of inputs 0..n-1 (slots 0..n-1) in one launch, with the one-row
 // history as the amax scratch (the same bits as an amax launch per input and the update).
 // Delayed scaling: nothing here.
@@ -114,14 +147,13 @@ void register_linear_fast(py::module_& m) {
   // x's FP8 data goes to xq, its transpose to xq_t when != 0, its scale_inv to x_sinv.
   m.def("linear_fp8_forward",
         [](uintptr_t x, int x_dtype, int64_t tokens, int64_t in_features, uintptr_t w, int w_dtype,
-           int64_t out_features, bool cast_w, uintptr_t history, uintptr_t scale,
-           uintptr_t scale_inv, uintptr_t counter, float fp8_max, bool delayed, int fp8_dtype,
-           uintptr_t xq,
-           uintptr_t xq_t, uintptr_t x_sinv, uintptr_t wq, int wq_dtype, uintptr_t wq_t,
-           uintptr_t w_sinv, uintptr_t y, int y_dtype, uintptr_t bias, int bias_dtype,
-           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
-          const NVTEStream stream = stream_from_int(stream_ptr);
-          const Scaling s{history, scale, scale_inv, counter, fp8_max, delayed};
+           int64_t out_features, bool cast_w, const py::tuple& scaling, bool delayed,
+           int fp8_dtype, uintptr_t xq, uintptr_t xq_t, uintptr_t x_sinv, uintptr_t wq,
+           int wq_dtype, uintptr_t wq_t, uintptr_t w_sinv, uintptr_t y, int y_dtype,
+           uintptr_t bias, int bias_dtype, const py::tuple& env) {
+          const CallEnv e = env_from(env);
+          const NVTEStream stream = e.stream;
+          const Scaling s = scaling_from(scaling, delayed);
           const NVTETensor xd = matrix(x, tokens, in_features, x_dtype);
           const NVTETensor wd = matrix(w, out_features, in_features, w_dtype);
           const NVTETensor* inputs[2] = {&xd, &wd};
@@ -146,7 +178,7 @@ void register_linear_fast(py::module_& m) {
           NVTETensor bd = vector(bias, out_features, bias_dtype);
           check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
                                  bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
-                                 true, reinterpret_cast<void*>(workspace), workspace_size, stream));
+                                 true, e.workspace, e.workspace_size, stream));
         });
 
   // dx [tokens, in] = dy @ W and dW [out, in] (+)= dy^T @ x in FP8 (backward slot 0: dy).
@@ -159,16 +191,15 @@ void register_linear_fast(py::module_& m) {
   // rides this call instead of a call of its own).
   m.def("linear_fp8_backward",
         [](uintptr_t dy, int dy_dtype, int64_t tokens, int64_t out_features, int64_t in_features,
-           uintptr_t history, uintptr_t scale, uintptr_t scale_inv, uintptr_t counter,
-           float fp8_max, bool delayed, int fp8_dtype, uintptr_t dyq, uintptr_t dyq_t,
-           uintptr_t dy_sinv, uintptr_t dbias,
-           int dbias_dtype, uintptr_t dbias_ws, int64_t dbias_ws_elems, uintptr_t w_t,
-           int w_t_dtype, uintptr_t w_sinv, uintptr_t dx, int dx_dtype, uintptr_t x_t,
-           int x_t_dtype, uintptr_t x_sinv, uintptr_t dw, int dw_dtype, float dw_beta,
-           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr,
-           const py::object& update_groups, int update_algo, float update_margin) {
-          const NVTEStream stream = stream_from_int(stream_ptr);
-          const Scaling s{history, scale, scale_inv, counter, fp8_max, delayed};
+           const py::tuple& scaling, bool delayed, int fp8_dtype, uintptr_t dyq, uintptr_t dyq_t,
+           uintptr_t dy_sinv, uintptr_t dbias, int dbias_dtype, uintptr_t dbias_ws,
+           int64_t dbias_ws_elems, uintptr_t w_t, int w_t_dtype, uintptr_t w_sinv, uintptr_t dx,
+           int dx_dtype, uintptr_t x_t, int x_t_dtype, uintptr_t x_sinv, uintptr_t dw,
+           int dw_dtype, float dw_beta, const py::tuple& env, const py::object& update_groups,
+           int update_algo, float update_margin) {
+          const CallEnv e = env_from(env);
+          const NVTEStream stream = e.stream;
+          const Scaling s = scaling_from(scaling, delayed);
           const NVTETensor dyd = matrix(dy, tokens, out_features, dy_dtype);
           const NVTETensor* inputs[1] = {&dyd};
           bool updated = false;  // the step's update (update_groups) already queued
@@ -205,7 +236,8 @@ void register_linear_fast(py::module_& m) {
             current_scales(s, inputs, 1, stream);
             cast(dyd, s, 0, fp8_dtype, dyq, 0, dy_sinv, stream);
           }
-          void* ws = reinterpret_cast<void*>(workspace);
+          void* ws = e.workspace;
+          const size_t workspace_size = e.workspace_size;
           if (dx) {
             NVTETensor a = matrix(w_t, in_features, out_features, w_t_dtype, 0, 0, w_sinv);
             NVTETensor b = matrix(dyq, tokens, out_features, fp8_dtype, 0, 0, dy_sinv);
@@ -232,16 +264,15 @@ void register_linear_fast(py::module_& m) {
   // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias when bias != 0).
   m.def("linear_hp_forward",
         [](uintptr_t x, int64_t tokens, int64_t in_features, uintptr_t w, int64_t out_features,
-           int dtype, uintptr_t y, uintptr_t bias, int bias_dtype, uintptr_t workspace,
-           size_t workspace_size, uintptr_t stream_ptr) {
+           int dtype, uintptr_t y, uintptr_t bias, int bias_dtype, const py::tuple& env) {
+          const CallEnv e = env_from(env);
           NVTETensor a = matrix(w, out_features, in_features, dtype);
           NVTETensor b = matrix(x, tokens, in_features, dtype);
           NVTETensor d = matrix(y, tokens, out_features, dtype);
           NVTETensor bd = vector(bias, out_features, bias_dtype);
           check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
                                  bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
-                                 true, reinterpret_cast<void*>(workspace), workspace_size,
-                                 stream_from_int(stream_ptr)));
+                                 true, e.workspace, e.workspace_size, e.stream));
         });
 
   // dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then dW [out, in] = dy^T @ x
@@ -250,9 +281,11 @@ void register_linear_fast(py::module_& m) {
   m.def("linear_hp_backward",
         [](uintptr_t dy, int64_t tokens, int64_t out_features, int64_t in_features, int dtype,
            uintptr_t w, uintptr_t dx, uintptr_t x, uintptr_t dw, uintptr_t dbias, int dbias_dtype,
-           uintptr_t workspace, size_t workspace_size, uintptr_t stream_ptr) {
-          const NVTEStream stream = stream_from_int(stream_ptr);
-          void* ws = reinterpret_cast<void*>(workspace);
+           const py::tuple& env) {
+          const CallEnv e = env_from(env);
+          const NVTEStream stream = e.stream;
+          void* ws = e.workspace;
+          const size_t workspace_size = e.workspace_size;
           NVTETensor b = matrix(dy, tokens, out_features, dtype);
           if (dx) {
             NVTETensor a = matrix(w, out_features, in_features, dtype);

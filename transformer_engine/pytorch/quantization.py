@@ -167,7 +167,7 @@ class _FP8GlobalStateType:
         return self.enabled
 
     def is_first_fp8_module(self) -> bool:
-        return self.step is not None and not self.step.states
+        return self.depth > 0 and (self.step is None or not self.step.states)
 
 
 FP8GlobalState = _FP8GlobalStateType()
@@ -208,7 +208,9 @@ class _AutocastContext(contextlib.ContextDecorator):
         if outermost:
             if _DEFERRED:
                 flush_deferred_updates()
-            s.step = _Step(recipe, group)
+            # only delayed scaling has a step to finish (its batched update); other recipes keep
+            # no step (host time on every training step)
+            s.step = _Step(recipe, group) if isinstance(recipe, DelayedScaling) else None
         s.enabled, s.calibrating = bool(enabled), bool(calibrating)
         s.recipe, s.group = recipe, group
         s.depth += 1
@@ -218,7 +220,7 @@ class _AutocastContext(contextlib.ContextDecorator):
         s = FP8GlobalState
         s.depth -= 1
         s.enabled, s.calibrating, s.recipe, s.group, outermost = self._saved.pop()
-        if outermost:
+        if outermost and s.step is not None:
             step, s.step = s.step, None
             step.exited = True
             if not step.defer_forward_update():
@@ -317,6 +319,7 @@ class RecipeState:
         self.step_id = None
         self._ptrs = None
         self._on_native = None
+        self.eager_call_info = None  # module/base.py: fp8_call_info's answer for plain FP8 calls
         self._update_descs = None
         if not allocate:  # formats only (a traced current-scaling call)
             return

@@ -22,18 +22,26 @@ _CODE = native.DTYPE_CODE
 
 class NativeCall:
     """The native module, stream and GEMM workspace of one module call."""
-    __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device")
+    __slots__ = ("mod", "stream", "ws", "ws_ptr", "ws_size", "device", "env")
 
     def __init__(self, mod, device):
         self.mod, self.device = mod, device
         self.stream = native.stream_handle(device.index)
-        self.use_workspace_of_stream()
+        # one workspace per (device, stream): GEMMs on two streams may run at the same time. The
+        # buffer is held here, so that one made under graph capture (not cached) or dropped from
+        # the cache outlives the calls that use it
+        self.ws, self.ws_ptr, self.ws_size = gemm_workspace_raw(device.index, self.stream)
+        # the Linear bindings take these three as one tuple (csrc/bindings/linear_fast.cpp)
+        self.env = (self.ws_ptr, self.ws_size, self.stream)
 
-    def use_workspace_of_stream(self):
-        """One workspace per (device, stream): GEMMs on two streams may run at the same time. The
-        buffer is held here, so that one made under graph capture (not cached) or dropped from
-        the cache outlives the calls that use it."""
-        self.ws, self.ws_ptr, self.ws_size = gemm_workspace_raw(self.device.index, self.stream)
+
+# (device index, stream) -> its NativeCall, made once: a module call then costs one stream query
+# and a lookup instead of building the object and looking up the workspace (host time). Calls
+# made while a graph is captured are not kept (their workspace belongs to the graph's pool, see
+# gemm_workspace_raw); the table is cleared past _MAX_CALLS streams, like the workspaces.
+_CALLS: dict = {}
+_MAX_CALLS = 16
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
 def native_call(x: torch.Tensor):
@@ -41,19 +49,37 @@ def native_call(x: torch.Tensor):
     if not x.is_cuda or torch.compiler.is_compiling():
         return None
     mod = native.native_for_torch()
-    return NativeCall(mod, x.device) if mod is not None else None
+    if mod is None:
+        return None
+    index = x.get_device()
+    key = (index, native.stream_handle(index))
+    nc = _CALLS.get(key)
+    if nc is None:
+        nc = NativeCall(mod, x.device)
+        if not stream_capturing(nc.stream):
+            if len(_CALLS) >= _MAX_CALLS:
+                _CALLS.clear()
+            _CALLS[key] = nc
+    return nc
 
 
 def native_call_again(forward_call, x: torch.Tensor):
-    """For a backward: its forward's NativeCall (None: a new one, as native_call) on the stream
-    current now (autograd may run the backward on another), unless the backward is traced."""
+    """For a backward: its forward's NativeCall when the current stream is still the forward's
+    (autograd may run the backward on another: then that stream's call, as native_call), unless
+    the backward is traced."""
     if forward_call is None or torch.compiler.is_compiling():
         return native_call(x)
-    stream = native.stream_handle(forward_call.device.index)
-    if stream != forward_call.stream:
-        forward_call.stream = stream
-        forward_call.use_workspace_of_stream()
+    if native.stream_handle(forward_call.device.index) != forward_call.stream:
+        return native_call(x)
     return forward_call
+
+
+def stream_capturing(stream: int) -> bool:
+    """Whether the current stream (handle `stream`) is being captured into a graph. The legacy
+    default stream (handle 0) never is (CUDA refuses it): no query there."""
+    if not stream:
+        return False
+    return _is_capturing() if _is_capturing is not None else torch.cuda.is_current_stream_capturing()
 
 
 def _ptr(t) -> int:
@@ -133,8 +159,7 @@ _SCRATCH_MAX = 16 << 20
 
 def call_scratch(nc, nbytes: int) -> torch.Tensor:
     """A buffer of at least nbytes for the kernels of one fused native call (see above)."""
-    # the legacy default stream (handle 0) is never captured (CUDA refuses it): no query there
-    if nbytes > _SCRATCH_MAX or (nc.stream and torch.cuda.is_current_stream_capturing()):
+    if nbytes > _SCRATCH_MAX or stream_capturing(nc.stream):
         return arena(nbytes, nc.device)
     key = (nc.device, nc.stream)
     buf = _SCRATCH.get(key)

@@ -65,8 +65,7 @@ class _LinearFn(torch.autograd.Function):
                 y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
                 nc.mod.linear_hp_forward(
                     x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, _CODE[dtype],
-                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype],
-                    nc.ws_ptr, nc.ws_size, nc.stream)
+                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype], nc.env)
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
@@ -142,7 +141,7 @@ def _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db):
         dy.data_ptr(), tokens, out_features, in_features, code,
         w.data_ptr() if dx is not None else 0, dx.data_ptr() if dx is not None else 0,
         x2d.data_ptr() if dw is not None else 0, dw.data_ptr() if dw is not None else 0,
-        db.data_ptr() if fused_db else 0, code, nc.ws_ptr, nc.ws_size, nc.stream)
+        db.data_ptr() if fused_db else 0, code, nc.env)
     if ctx.need_wgrad and ctx.fuse:
         dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, True, out_features, in_features)
     return dx, dw, db
@@ -195,14 +194,13 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                                      is_first_microbatch, nc)
         w_ptr = w_code = wq_t = 0
         wq, wq_code, w_sinv_ptr = data.data_ptr(), _CODE[data.dtype], w_sinv.data_ptr()
-    hist, scale, scale_inv, fp8_max, counter = (rs._ptrs or rs._pointers())[0]
     y = torch.empty(tokens, out_features, dtype=dtype, device=device)
     nc.mod.linear_fp8_forward(
         x2d.data_ptr(), _CODE[x2d.dtype], tokens, in_features, w_ptr, w_code, out_features, fresh_w,
-        hist, scale, scale_inv, counter, fp8_max, rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
+        (rs._ptrs or rs._pointers())[0], rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
         wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
         bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
-        nc.ws_ptr, nc.ws_size, nc.stream)
+        nc.env)
     ctx.save_for_backward(kept, None, wq_t_saved, w_sinv)
     ctx.layout = (_OFF_XT, off_wt if fresh_w else None)
     return y
@@ -284,17 +282,15 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
         else:
             out = dw
         dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
-    hist, scale, scale_inv, fp8_max, counter = (rs._ptrs or rs._pointers())[1]
     # the backward that finishes a delayed-scaling step launches the step's update itself
     step = ctx.fi.step
     final = step.take_final_update() if step is not None else None
     nc.mod.linear_fp8_backward(
         dy.data_ptr(), _CODE[dy.dtype], tokens, out_features, in_features,
-        hist, scale, scale_inv, counter, fp8_max, rs.delayed, code,
+        (rs._ptrs or rs._pointers())[1], rs.delayed, code,
         bp, bp + n if need_wgrad else 0, bp + n + n_t, db_ptr, db_code, bp + n + n_t + _fast._ALIGN,
         ws_elems, w_t, w_code, w_sinv_ptr, dx.data_ptr() if need_dgrad else 0, _CODE[ctx.dtype],
-        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.ws_ptr, nc.ws_size, nc.stream,
-        *(final or _NO_UPDATE))
+        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.env, *(final or _NO_UPDATE))
     return dx, dw, db
 
 
