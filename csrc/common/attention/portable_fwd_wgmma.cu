@@ -8,11 +8,26 @@
 // tile t and warpgroup, software-pipelined so that the softmax overlaps a product:
 //   issue S_t = Q K_t^T and O += P_{t-1} V_{t-1}   (asynchronous, in this order)
 //   wait for S_t; online softmax of S_t in registers -> P_t (16-bit, the A operand of the next
-//   product), the row maxima's rescale factor alpha_t
-//   wait for the P V product; O *= alpha_t
-// so the exponentials of tile t run while the tensor cores still multiply tile t - 1. Heavy
-// (late, for causal masks) query tiles are scheduled first, as in the mma.sync kernel; the
-// softmax statistics (LSE) are written in the same layout, which the backward reads.
+//   product), the row maxima's rescale factor alpha_t (exp2, the scale folded into one FMA)
+//   wait for the P V product; O *= alpha_t (skipped by a warp whose row maxima all stayed)
+// so the exponentials of tile t run while the tensor cores still multiply tile t - 1.
+// Scheduling (session 10): the grid is one-dimensional, query tiles heaviest first (the late
+// ones of a causal mask) across groups of 8 (sequence, head) pairs, so the last blocks to start
+// are short ones; a warpgroup stops issuing products after its own last visible key tile (the
+// diagonal block's fully masked tiles of the early warpgroups) and only keeps taking part in
+// the copies. The softmax statistics (LSE) are written in the layout the backward reads.
+//
+// Session 10, H100, bf16, forward TFLOP/s against SDPA cuDNN in the same run (session 9's
+// kernel in brackets, from an earlier run of the session): 4x32x4096x128 full 398 / 569 = 0.70
+// (397), causal 354 / 522 = 0.68 (329); 1x32x16384x128 full 408 / 602 = 0.68 (416), causal
+// 400 / 573 = 0.70 (391); 8x16x2048x64 (two blocks an SM, see the shapes) full 282 / 445 =
+// 0.64 (263), causal 234 / 375 = 0.62 (204). The grouped order alone gave the causal D = 128
+// rows +3%, the tile skip the rest. Dropped: groups of 16 (no better); the tile skip without
+// the conditional rescale (ptxas serialised the products, C7513: -10 to -20%). Not tried:
+// heaviest first over all heads at once (reasoned out: 128 heads' K and V streamed at once,
+// with no L2 reuse); a producer warp with TMA and mbarriers instead of cp.async by every
+// thread and a __syncthreads a tile (the next step for D = 64, whose softmax shares the SM
+// with the products the most).
 #include "attention/portable_wgmma.cuh"
 #include "util/error.h"
 
@@ -23,9 +38,15 @@ namespace portable {
 #if TE_HAS_MMA_SYNC
 namespace {
 
-template <int D, int WARPGROUPS_, int BK_, bool TAKE_TURNS_>
+template <int D, int WARPGROUPS_, int BK_, bool TAKE_TURNS_, int MIN_BLOCKS_ = 1>
 struct WgmmaFwdShapeOf {
   static constexpr int WARPGROUPS = WARPGROUPS_, BQ = 64 * WARPGROUPS, BK = BK_;
+  // blocks an SM (registers: 65536 / (NT MIN_BLOCKS) per thread at most)
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  // query tiles are handed out heaviest first across groups of this many (sequence, head)
+  // pairs: one group's K and V stay in L2 while its blocks run (heaviest first over all heads
+  // would stream every head's K and V at once)
+  static constexpr int LPT_GROUP = 8;
   // TAKE_TURNS: the warpgroups issue their products of a tile one after another (named
   // barriers), so the first one's scores are ready first and its softmax runs while the tensor
   // cores still work for the others, instead of every softmax starting at once
@@ -42,18 +63,21 @@ struct WgmmaFwdShapeOf {
   // 8-row atoms 1024 bytes apart
   static constexpr uint32_t kVLead = uint32_t(BK) * wgmma::kRowBytes, kVStride = 1024;
 };
-// One block an SM either way (registers). Measured on an H100 (bf16, TFLOP/s, full / causal;
-// D = 128 at 4x32x4096 and 1x32x16384, D = 64 at 8x16x2048; the mma.sync kernel: 261 / 242,
-// 273 / 247, 186 / 152), against 2 warpgroups x 128 keys, 3 x 64 and 4 x 64 (D = 64 only:
-// spills at D = 128), with and without turn-taking:
-//   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns: 391 / 344, 432 / 369 (with
-//            turns 379 / 337, 424 / 368; 2 x 128 with turns 380 / 341, 395 / 359). 64-key S
-//            tiles keep O, S, P and the next P within 168 registers.
-//   D = 64:  2 warpgroups, 128-key tiles, turns: 271 / 192 (3 x 64: 266 / 182; 4 x 64 with
-//            turns: 288 / 188)
+// Shapes, measured on an H100 (bf16, TFLOP/s, full / causal; D = 128 at 4x32x4096 and
+// 1x32x16384, D = 64 at 8x16x2048):
+//   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns, one block an SM: 64-key S tiles
+//            keep O, S, P and the next P within 168 registers (2 x 128 keys with turns:
+//            366 / 342, 383 / 380 against 391 / 360, 412 / 404; turns with 3 x 64 were slower
+//            in session 9 too).
+//   D = 64:  2 warpgroups, 64-key tiles, two blocks an SM (128 registers): 286 / 236 against
+//            255 / 203 for one block of 2 x 128 keys with turns (session 9's shape) and
+//            254 / 203 for 4 x 64 with turns; the two blocks never wait for each other, so one
+//            block's load waits, __syncthreads and prologue overlap the other's products
+//            (the same 2 x 64 x 2 blocks with turns: 282 / 232; one warpgroup a block, 4 blocks
+//            of 64 keys: 256 / 217; 2 blocks of 128 keys: 230 / 189).
 template <int D>
 using WgmmaFwdShape = typename std::conditional<D == 128, WgmmaFwdShapeOf<128, 3, 64, false>,
-                                                WgmmaFwdShapeOf<64, 2, 128, true>>::type;
+                                                WgmmaFwdShapeOf<64, 2, 64, false, 2>>::type;
 
 // Online softmax of one warp's [16 x BK] rows of S (raw Q K^T) for key tile k0: masks what the
 // rows cannot see, updates the running row max m (log2 domain, scaled) and the thread's partial
@@ -104,7 +128,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], uint32_t (&p)[B
 }
 
 template <typename T, int D, typename Shape>
-__global__ void __launch_bounds__(Shape::NT, 1) attention_fwd_wgmma_kernel(KernelArgs a) {
+__global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
+    attention_fwd_wgmma_kernel(KernelArgs a) {
   constexpr int BQ = Shape::BQ, BK = Shape::BK, NT = Shape::NT;
   constexpr int KSTEPS = D / 16, PSTEPS = BK / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -118,8 +143,21 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_fwd_wgmma_kernel(Kerne
 
   const int wg = threadIdx.x / wgmma::kWarpgroup;
   const int warp = (threadIdx.x % wgmma::kWarpgroup) / tc::kLanes, lane = threadIdx.x % tc::kLanes;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  int h, b, q0;
+  if (gridDim.y == 1 && gridDim.z == 1) {  // the launch's one-dimensional grid:
+    // block L -> group of LPT_GROUP (sequence, head) pairs, then the tile's rank in it (the
+    // latest, heaviest query tiles first), then the pair
+    const int n = (a.sq_max + BQ - 1) / BQ, hb_total = gridDim.x / n, G = Shape::LPT_GROUP;
+    const int L = blockIdx.x, grp = L / (G * n), gsize = min(G, hb_total - grp * G);
+    const int within = L - grp * G * n, rank = within / gsize, hb = grp * G + within % gsize;
+    q0 = (n - 1 - rank) * BQ;
+    h = hb % a.hq;
+    b = hb / a.hq;
+  } else {
+    h = blockIdx.y;
+    b = blockIdx.z;
+    q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  }
   const SeqGeom geo = seq_geom(a, b);
   if (q0 >= geo.lq) return;
   const int hk = h / (a.hq / a.hkv);
@@ -131,6 +169,13 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_fwd_wgmma_kernel(Kerne
   key_range(a, off, q0, min(q0 + BQ, geo.lq), geo.lk, &lo, &hi);
   const int k_first = (lo / BK) * BK;
   const int tiles = k_first < hi ? (hi - k_first + BK - 1) / BK : 0;
+  int my_tiles = tiles;
+  {  // this warpgroup's own last key tile: past it, all its rows are masked
+    const int wg_lo = q0 + wg * 64;
+    int lo_w, hi_w;
+    key_range(a, off, wg_lo, min(wg_lo + 64, geo.lq), geo.lk, &lo_w, &hi_w);
+    my_tiles = wg_lo >= geo.lq || hi_w <= k_first ? 0 : min(tiles, (hi_w - k_first + BK - 1) / BK);
+  }
 
   wgmma::load_tile_swizzled<T, BQ, D, NT>(q_s, qg, a.q_tok_stride, q0, geo.lq);
   if (tiles > 0)
@@ -193,53 +238,74 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_fwd_wgmma_kernel(Kerne
     if (Shape::TAKE_TURNS && wg == NWG - 1) pass_turn();
     next_copies(0);
     take_turn();
-    wgmma::fence();
-    qk_product(s, 0);
-    wgmma::commit();
-    pass_turn();
-    wgmma::wait<0>();
-    wgmma::pin(s);
-    softmax_tile<T, BK>(s, p, m_row, l_row, alpha, a, geo, off, row0, k_first, lane);
+    if (my_tiles > 0) {
+      wgmma::fence();
+      qk_product(s, 0);
+      wgmma::commit();
+      pass_turn();
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      softmax_tile<T, BK>(s, p, m_row, l_row, alpha, a, geo, off, row0, k_first, lane);
+    } else {
+      pass_turn();
+    }
   }
   for (int t = 1; t < tiles; ++t) {
     next_copies(t);
     take_turn();
-    wgmma::fence();
-    qk_product(s, t % 2);
-    wgmma::commit();
-    pv_product(o, p, (t - 1) % 2);
-    wgmma::commit();
-    pass_turn();
-    wgmma::wait<1>();  // S_t done; P_{t-1} V_{t-1} may still run
-    wgmma::pin(s);
-    uint32_t p_next[PSTEPS][4];
-    softmax_tile<T, BK>(s, p_next, m_row, l_row, alpha, a, geo, off, row0, k_first + t * BK,
-                        lane);
-    wgmma::wait<0>();
-    wgmma::pin(o);
-    wgmma::pin(p);
+    if (t < my_tiles) {
+      wgmma::fence();
+      qk_product(s, t % 2);
+      wgmma::commit();
+      pv_product(o, p, (t - 1) % 2);
+      wgmma::commit();
+      pass_turn();
+      wgmma::wait<1>();  // S_t done; P_{t-1} V_{t-1} may still run
+      wgmma::pin(s);
+      uint32_t p_next[PSTEPS][4];
+      softmax_tile<T, BK>(s, p_next, m_row, l_row, alpha, a, geo, off, row0, k_first + t * BK,
+                          lane);
+      wgmma::wait<0>();
+      wgmma::pin(o);
+      wgmma::pin(p);
+      // alpha is exactly 1 where the row max did not move (most tiles after the first few):
+      // the warp skips the multiply then (also keeps ptxas from serialising the products, C7513)
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[4 * n] *= alpha[0];
-      o[4 * n + 1] *= alpha[0];
-      o[4 * n + 2] *= alpha[1];
-      o[4 * n + 3] *= alpha[1];
+        for (int n = 0; n < D / 8; ++n) {
+          o[4 * n] *= alpha[0];
+          o[4 * n + 1] *= alpha[0];
+          o[4 * n + 2] *= alpha[1];
+          o[4 * n + 3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < PSTEPS; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
+    } else {
+      pass_turn();
+      if (t == my_tiles) {  // this warpgroup's last P V; its later tiles are all masked
+        wgmma::fence();
+        pv_product(o, p, (t - 1) % 2);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(o);
+      }
     }
-#pragma unroll
-    for (int kk = 0; kk < PSTEPS; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
   }
   if (tiles > 0) {  // the last tile's P V
     if (Shape::TAKE_TURNS && wg == 0) take_turn();  // the turn the last warpgroup passed on
     mma_sync::cp_async_wait<0>();
     wgmma::fence_async_shared();
     __syncthreads();
-    wgmma::fence();
-    pv_product(o, p, (tiles - 1) % 2);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(o);
+    if (my_tiles == tiles) {
+      wgmma::fence();
+      pv_product(o, p, (tiles - 1) % 2);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::pin(o);
+    }
   }
   mma_sync::cp_async_wait<0>();  // nothing may be in flight when the block exits
 
@@ -269,9 +335,15 @@ void launch_fwd_wgmma(const AttnArgs& args) {
                            static_cast<int>(bytes)) != cudaSuccess)
     throw Error(kNVTEDeviceError, concat("could not grant ", bytes,
                                          " bytes of shared memory to attention_fwd_wgmma_kernel"));
+  if (Shape::MIN_BLOCKS > 1)  // room for MIN_BLOCKS blocks an SM: the largest carveout
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                         cudaFuncAttributePreferredSharedMemoryCarveout, 100);
   const KernelArgs k = make_kernel_args(args);
-  dim3 grid(static_cast<unsigned>((args.p.max_seqlen_q + Shape::BQ - 1) / Shape::BQ),
-            static_cast<unsigned>(args.p.num_heads_q), static_cast<unsigned>(args.p.batch));
+  // one dimension (the kernel's heaviest-first order) where the block count allows
+  const unsigned n = static_cast<unsigned>((args.p.max_seqlen_q + Shape::BQ - 1) / Shape::BQ);
+  dim3 grid(n, static_cast<unsigned>(args.p.num_heads_q), static_cast<unsigned>(args.p.batch));
+  const uint64_t blocks = uint64_t(n) * uint64_t(args.p.num_heads_q) * uint64_t(args.p.batch);
+  if (blocks <= 0x7FFFFFFFu) grid = dim3(static_cast<unsigned>(blocks), 1, 1);
   kernel<<<grid, Shape::NT, bytes, to_stream(args.stream)>>>(k);
   check_launch("attention_fwd_wgmma_kernel");
 }
