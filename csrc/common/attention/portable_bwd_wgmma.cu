@@ -1,31 +1,46 @@
 // Portable attention backward on Hopper's warpgroup MMA (portable_wgmma.cuh), single pass with
-// dQ summed by fp32 atomics: the NVIDIA sm_90a form of portable_bwd_tc_atomic.cu, for calls that
-// allow non-deterministic results. backward_atomic_wgmma() declines elsewhere (other archs, AMD,
-// where hipify leaves nothing of it) and the mma.sync kernel runs instead.
+// dQ summed in fp32 by the copy engine: the NVIDIA sm_90a form of portable_bwd_tc_atomic.cu, for
+// calls that allow non-deterministic results, head dims 64 and 128. backward_atomic_wgmma()
+// declines elsewhere (other archs, AMD, where hipify leaves nothing of it) and the mma.sync
+// kernel runs instead.
 //
-// After the delta pass (portable_bwd.cu, which also zeroes dq_acc), one block per (BK = 64
-// WARPGROUPS keys, kv head, sequence); warpgroup w owns keys 64 w .. 64 w + 63. K and V stay in
-// swizzled shared memory; Q and dO tiles of BQ queries (every query tile of every head of the
-// GQA group) and their rows' lse and delta stream through two stages. Per step and warpgroup:
-//   S^T  = K Q^T   and  dP^T = V dO^T        (shared x shared, issued together)
-//   P^T  = exp2(S^T scale log2(e) - lse2), masked, packed as the A operand of
-//   dV  += P^T dO                            (A from registers; runs while dS^T is computed)
-//   dS^T = P^T (dP^T - delta), packed, and stored to a swizzled shared tile
-//   dK  += dS^T Q                            (A from registers)
-// then, once both warpgroups' dS^T rows are in shared memory, warpgroup w computes one
-// [64 queries x DQN columns] piece of dQ = dS K (A = dS^T read transposed, B = K read
-// transposed) and adds it to dq_acc (red.global.add); convert_dq_sums writes dq afterwards.
+// After the delta pass (portable_bwd.cu, which also zeroes dq_acc), one block per (BK = 128 keys,
+// kv head, sequence), warp-specialised:
+// - two MMA warpgroups; warpgroup w owns keys 64 w .. 64 w + 63, K and V stay in swizzled shared
+//   memory. Per query tile of BQ rows (every tile of every head of the GQA group):
+//     S^T  = K Q^T   and  dP^T = V dO^T        (shared x shared, issued together)
+//     P^T  = exp2(S^T scale log2(e) - lse log2(e)), masked, packed as the A operand of
+//     dV  += P^T dO                            (A from registers; runs while dS^T is computed)
+//     dS^T = P^T (dP^T - delta), packed, and stored to a swizzled shared tile
+//     dK  += dS^T Q                            (A from registers)
+//   then, once both warpgroups' dS^T rows are in shared memory, warpgroup w computes one
+//   [64 queries x 64 columns] piece of dQ = dS K (A = dS^T read transposed, B = K read
+//   transposed) and writes it into a row-major fp32 [BQ x D] tile in shared memory;
+// - one producer warp (its warpgroup's other warps exit; setmaxnreg moves their registers to
+//   the MMA warpgroups) copies Q, dO, lse and delta of the next steps into STAGES stages
+//   (cp.async) and, once a step's dQ tile is complete, adds it to dq_acc with one bulk
+//   reduction (cp.reduce.async.bulk .add.f32: the tile's rows are contiguous in dq_acc).
+// mbarriers hand stages and the dQ tile between the two roles, so the MMA warpgroups neither
+// issue loads nor wait on global memory, and dQ's additions leave their critical path.
+// convert_dq_sums writes dq afterwards.
 //
 // H100, bf16, backward TFLOP/s (2.5x the forward's FLOPs; delta pass, kernel and dq conversion),
-// full / causal, two runs: 4x32x4096x128 244-249 / 232-235, 1x32x16384x128 241-244 / 267-271
-// (the mma.sync kernel: 198-201 / 180-182, 203-206 / 199-204). Adding dQ costs a quarter of the
-// time: without the additions (a wrong dQ) it runs at 340-345 / 304-307, 336-343 / 360-365.
-// Tried and not faster: red.global.add.v4 (quad shuffles; the same), one bulk reduction per
-// piece from shared memory (cp.reduce.async.bulk; 2-3% slower, across runs), on top of that
-// two-CTA clusters summing their pieces through distributed shared memory before one reduction
-// (half the global reductions; 2-14% slower than the bulk form in the same run), keeping a step's
-// dQ product in flight into the next step (ptxas serialises the products across the loop; 3-5%
-// slower).
+// full / causal, two rounds of .exp timing in one run against SDPA cuDNN in the same run:
+//   4x32x4096x128   315-316 / 294-295  (cuDNN 487-519 / 433-440: 0.61 / 0.67)
+//   1x32x16384x128  333-334 / 340      (cuDNN 515-525 / 508-513: 0.63 / 0.66)
+//   8x16x2048x64    223-232 / 165-177  with 2 stages (cuDNN 341-371 / 300-301: 0.63 / 0.56)
+// Before (session 9, one 256-thread block per key tile that loaded its own stages and added
+// dQ with red.global.add.v2): 244-249 / 232-235 and 241-244 / 267-271 at d = 128; d = 64 ran
+// the mma.sync kernel (184 / 147). Same run, d = 128: 2 stages 286-288 / 268-271 and
+// 298 / 312; 2 stages without the dQ reduction (a wrong dQ) 337 / 302 and 355 / 352, so the
+// reduction still costs ~15% at 2 stages, less at 3. d = 64 now runs 3 stages with one dS^T
+// tile (shared memory: 3 stages and two 32 KiB dS^T tiles do not fit).
+// Tried before and not faster (the form without a producer warp): red.global.add.v4, one bulk
+// reduction per piece issued by the MMA warpgroups themselves, two-CTA clusters summing pieces
+// through distributed shared memory, keeping a step's dQ product in flight into the next step.
+// Why a whole producer warpgroup: a block of 288 threads (one producer warp, no setmaxnreg)
+// also gets only 168 registers a thread (per-SM-quarter allocation), and the MMA warpgroups
+// then spill ~900 bytes.
 #include "attention/portable_wgmma.cuh"
 #include "util/error.h"
 
@@ -36,88 +51,231 @@ namespace portable {
 #if TE_HAS_MMA_SYNC
 namespace {
 
-template <int D, int BQ_>
-struct WgmmaBwdShapeOf {
-  static constexpr int WARPGROUPS = 2, BK = 64 * WARPGROUPS, BQ = BQ_;
-  static constexpr int NT = WARPGROUPS * wgmma::kWarpgroup;
+// ---- warp-specialised form: two MMA warpgroups and one producer warp ---------------------------
+// Synchronisation inside the block (mbarriers in shared memory, PTX ISA "mbarrier"): the k-th
+// completion of a barrier's phase is awaited with parity k & 1.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mma_sync::smem_addr(bar)),
+               "r"(count)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   mma_sync::smem_addr(bar))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile(
+      "{\n.reg .pred done;\nTE_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra TE_MBAR_WAIT;\n}\n" ::"r"(mma_sync::smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// dst[0 .. bytes/4) += src[...] (fp32), read from shared memory by the copy engine; completion
+// of the read (the source may be overwritten) at bulk_wait_read.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src, int bytes) {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(mma_sync::smem_addr(src)), "r"(bytes)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read() {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// 4 bytes global -> shared (zero-filled when src_bytes is 0)
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, int src_bytes) {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   mma_sync::smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+// Hands registers between warpgroups (all warps of a warpgroup execute it).
+template <int N>
+__device__ __forceinline__ void set_max_registers_dec() {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void set_max_registers_inc() {
+#ifndef TE_WGMMA_UNAVAILABLE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+// Block shape: BK = 128 keys (64 per MMA warpgroup) against query tiles of BQ rows, STAGES
+// stages of Q / dO / row statistics in flight, DS_BUFFERS dS^T tiles (two let a warpgroup write
+// the next step's dS^T while the other still reads the last one; one costs a second barrier).
+template <int D, int BQ_, int STAGES_, int DS_BUFFERS_>
+struct WgmmaBwdShape {
+  static constexpr int WARPGROUPS = 2, BK = 64 * WARPGROUPS, BQ = BQ_, STAGES = STAGES_;
+  static constexpr int DS_BUFFERS = DS_BUFFERS_;
+  static constexpr int NT_MMA = WARPGROUPS * wgmma::kWarpgroup;
+  // + a producer warpgroup of which one warp works: registers are granted per warpgroup (a
+  // block of 288 threads would get 168 a thread, like 384), so the producer drops to 24 a thread
+  // and the MMA warpgroups rise to 240 (setmaxnreg; 2 x 128 x 240 + 128 x 24 = 384 x 168)
+  static constexpr int NT = NT_MMA + wgmma::kWarpgroup;
   // the step's dQ tile [BQ x D] in WARPGROUPS pieces of 64 queries x DQN columns
   static constexpr int DQN = D * (BQ / 64) / WARPGROUPS;
-  static_assert(DQN == 64 || DQN == 128, "dQ pieces: N of 64 or 128");
+  static_assert(DQN == 64, "dQ pieces: 64 queries x 64 columns");
   // swizzled tiles, every one on a 1024-byte boundary (sizes are multiples of 1024)
   static constexpr size_t kOwnTile = size_t(BK) * D * 2;
   static constexpr size_t kStreamTile = size_t(BQ) * D * 2;
+  static constexpr size_t kDsTile = size_t(BK) * BQ * 2;
   static constexpr size_t kK = 0, kV = kOwnTile;
-  static constexpr size_t kStages = 2 * kOwnTile;  // stage st: Q, then dO
-  static constexpr size_t kDs = kStages + 4 * kStreamTile;      // dS^T [BK x BQ]
-  static constexpr size_t kStats = kDs + size_t(BK) * BQ * 2;  // per stage: lse2, delta
-  static constexpr size_t kBytes = kStats + 4 * size_t(BQ) * 4;
+  static constexpr size_t kStages = 2 * kOwnTile;                     // stage st: Q, then dO
+  static constexpr size_t kDs = kStages + STAGES * 2 * kStreamTile;   // dS^T [BK x BQ]
+  static constexpr size_t kDq = kDs + DS_BUFFERS * kDsTile;           // dQ [BQ x D] fp32, rows
+  static constexpr size_t kStats = kDq + size_t(BQ) * D * 4;          // per stage: lse, delta
+  static constexpr size_t kBars = kStats + size_t(STAGES) * 2 * BQ * 4;
+  static constexpr size_t kBytes = kBars + 8 * (2 * STAGES + 2);
   static constexpr size_t kAlign = 1024;  // requested past the dynamic-smem base, see kernel
   // an MN-major operand (dO, Q, K as B; dS^T as A): 64-column blocks `rows` rows apart,
   // 8-row atoms 1024 bytes apart
   static constexpr uint32_t kAtomStride = 1024;
+  static_assert(kBytes + kAlign <= 232448, "shared memory of one block (227 KiB)");
 };
-// D = 128: 64-query steps (S^T and dP^T of 32 registers each beside dK and dV's 128). D = 64
-// (128-query steps) compiles but is not used: measured on an H100 (bf16, TFLOP/s, full /
-// causal, 8x16x2048x64) at 178-180 / 144-148 against the mma.sync kernel's 185-187 / 146-149.
-template <int D>
-using WgmmaBwdShape = WgmmaBwdShapeOf<D, D == 128 ? 64 : 128>;
 
 template <typename T, int D, typename Shape>
 __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(KernelArgs a) {
-  constexpr int BK = Shape::BK, BQ = Shape::BQ, NT = Shape::NT, DQN = Shape::DQN;
+  constexpr int BK = Shape::BK, BQ = Shape::BQ, DQN = Shape::DQN, STAGES = Shape::STAGES;
   constexpr int KSTEPS = D / 16, QSTEPS = BQ / 16, SN = BQ / 8;
   constexpr uint32_t kRow = wgmma::kRowBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // the swizzle atoms need 1024-byte alignment; the launch asks for kAlign bytes of slack
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + Shape::kAlign - 1) & ~uintptr_t(Shape::kAlign - 1));
   auto q_stage = [&](int st) { return smem + Shape::kStages + 2 * st * Shape::kStreamTile; };
   auto do_stage = [&](int st) { return q_stage(st) + Shape::kStreamTile; };
-  float* stats_s = reinterpret_cast<float*>(smem + Shape::kStats);
+  auto stats_stage = [&](int st) {
+    return reinterpret_cast<float*>(smem + Shape::kStats) + 2 * st * BQ;
+  };
+  float* dq_s = reinterpret_cast<float*>(smem + Shape::kDq);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Shape::kBars);
+  uint64_t* full = bars;                 // stage st loaded: the producer warp's 32 lanes
+  uint64_t* empty = bars + STAGES;       // stage st read: the 8 MMA warps
+  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 8 MMA warps
+  uint64_t* dq_empty = dq_full + 1;       // dQ tile read by the reduction: the producer
 
-  const int wg = threadIdx.x / wgmma::kWarpgroup;
-  const int warp = (threadIdx.x % wgmma::kWarpgroup) / tc::kLanes, lane = threadIdx.x % tc::kLanes;
-  const int g = lane / 4, quad = lane % 4;
   const int hk = blockIdx.y, b = blockIdx.z;
-  const int k0 = blockIdx.x * BK;  // early keys (the most queries under a causal mask) first
+  const int k0 = blockIdx.x * BK;
   const SeqGeom geo = seq_geom(a, b);
   if (k0 >= geo.lk) return;
   const tc::KvBlockWalk w = tc::kv_block_walk<BK, BQ>(a, geo, k0);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full + st, tc::kLanes);
+      mbar_init(empty + st, Shape::NT_MMA / tc::kLanes);
+    }
+    mbar_init(dq_full, Shape::NT_MMA / tc::kLanes);
+    mbar_init(dq_empty, 1);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % tc::kLanes;
+  auto step_head = [&](int step) { return hk * w.group + step / w.tiles_per_head; };
+  auto step_q0 = [&](int step) { return w.q_first + (step % w.tiles_per_head) * BQ; };
+
+  if (threadIdx.x >= Shape::NT_MMA) {
+    set_max_registers_dec<24>();
+    if (threadIdx.x >= Shape::NT_MMA + tc::kLanes) return;
+    // ---- producer warp: Q, dO and row statistics in; dQ tiles out (bulk reductions)
+    auto load = [&](int step) {
+      const int st = step % STAGES, h = step_head(step), q0 = step_q0(step);
+      const int64_t head = geo.q_base + int64_t(h) * D;
+      constexpr int kChunks = D / 8, kRowsPerPass = tc::kLanes / kChunks;
+      const int c = lane % kChunks;
+      const T* q_src = static_cast<const T*>(a.q) + head + c * 8;
+      const T* do_src = static_cast<const T*>(a.d_o) + head + c * 8;
+#pragma unroll 4
+      for (int r = lane / kChunks; r < BQ; r += kRowsPerPass) {
+        const bool ok = q0 + r < geo.lq;
+        const int64_t off = ok ? int64_t(q0 + r) * a.q_tok_stride : 0;
+        const int dst = wgmma::swizzled_offset<BQ>(r, c);
+        mma_sync::cp_async_16(q_stage(st) + dst, q_src + off, ok ? 16 : 0);
+        mma_sync::cp_async_16(do_stage(st) + dst, do_src + off, ok ? 16 : 0);
+      }
+      // lse as stored (the MMA warpgroups scale it by log2(e)) and delta; zeros past the
+      // sequence
+      float* stats = stats_stage(st);
+      for (int r = lane; r < BQ; r += tc::kLanes) {
+        const bool ok = q0 + r < geo.lq;
+        const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + (ok ? q0 + r : 0);
+        cp_async_4(stats + r, a.lse + row, ok ? 4 : 0);
+        cp_async_4(stats + BQ + r, a.delta + row, ok ? 4 : 0);
+      }
+      mma_sync::cp_async_commit();
+      mma_sync::cp_async_wait<0>();
+      wgmma::fence_async_shared();  // the copies, visible to the tensor cores
+      mbar_arrive(full + st);
+    };
+    for (int step = 0; step < w.steps && step < STAGES - 1; ++step) load(step);
+    for (int step = 0; step < w.steps; ++step) {
+      const int next = step + STAGES - 1;
+      if (next < w.steps) {
+        // stage next % STAGES was last read by step next - STAGES
+        if (next >= STAGES) mbar_wait(empty + next % STAGES, (next / STAGES - 1) & 1);
+        load(next);
+      }
+      mbar_wait(dq_full, step & 1);
+      if (lane == 0) {
+        const int q0 = step_q0(step);
+        const int rows = min(BQ, geo.lq - q0);
+        float* dst = a.dq_acc + ((int64_t(b) * a.hq + step_head(step)) * a.sq_max + q0) * D;
+        bulk_reduce_add_f32(dst, dq_s, rows * D * 4);
+        bulk_wait_read();
+        mbar_arrive(dq_empty);
+      }
+    }
+    if (lane == 0) bulk_wait_all();
+    return;
+  }
+
+  // ---- the MMA warpgroups
+  set_max_registers_inc<240>();
+  const int wg = threadIdx.x / wgmma::kWarpgroup;
+  const int warp = (threadIdx.x % wgmma::kWarpgroup) / tc::kLanes;
+  const int g = lane / 4, quad = lane % 4;
   const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
-  wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(smem + Shape::kK),
-                                          static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride,
-                                          k0, geo.lk);
-  wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(smem + Shape::kV),
-                                          static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride,
-                                          k0, geo.lk);
-  auto issue = [&](int step, int st) {
-    const int h = hk * w.group + step / w.tiles_per_head;
-    const int q0 = w.q_first + (step % w.tiles_per_head) * BQ;
-    const int64_t head = geo.q_base + int64_t(h) * D;
-    wgmma::load_tile_swizzled<T, BQ, D, NT>(reinterpret_cast<T*>(q_stage(st)),
-                                            static_cast<const T*>(a.q) + head, a.q_tok_stride,
-                                            q0, geo.lq);
-    wgmma::load_tile_swizzled<T, BQ, D, NT>(reinterpret_cast<T*>(do_stage(st)),
-                                            static_cast<const T*>(a.d_o) + head, a.q_tok_stride,
-                                            q0, geo.lq);
-    tc::load_row_stats<BQ, NT>(a, geo, b, h, q0, stats_s + 2 * st * BQ);
-  };
-  if (w.steps > 0) issue(0, 0);
+  wgmma::load_tile_swizzled<T, BK, D, Shape::NT_MMA>(reinterpret_cast<T*>(smem + Shape::kK),
+                                                     static_cast<const T*>(a.k) + kv_head,
+                                                     a.kv_tok_stride, k0, geo.lk);
+  wgmma::load_tile_swizzled<T, BK, D, Shape::NT_MMA>(reinterpret_cast<T*>(smem + Shape::kV),
+                                                     static_cast<const T*>(a.v) + kv_head,
+                                                     a.kv_tok_stride, k0, geo.lk);
   mma_sync::cp_async_commit();
+  mma_sync::cp_async_wait<0>();
+  wgmma::fence_async_shared();
+  wgmma::barrier_sync(1, Shape::NT_MMA);
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const int key_row0 = wg * 64 + warp * 16;  // this warp's first key row in the block's tile
-  const int j0 = k0 + key_row0 + g;          // this lane's keys: j0, j0 + 8
-  // this warpgroup's key rows of K and V: column block c at + c BK 128 bytes
+  const int key_row0 = wg * 64 + warp * 16;
+  const int j0 = k0 + key_row0 + g;
   const unsigned char* k_wg = smem + Shape::kK + wg * 64 * kRow;
   const unsigned char* v_wg = smem + Shape::kV + wg * 64 * kRow;
-  // this warpgroup's dQ piece: queries 64 rb .. of the step, columns DQN cb ..
   constexpr int kColPieces = D / DQN;
   const int rb = wg / kColPieces, cb = wg % kColPieces;
 
-  // [64 keys x BQ] = rows of A (K or V, this warpgroup's) . rows of B (Q or dO)^T, over D
   auto rows_product = [&](float (&acc)[BQ / 2], const unsigned char* a_rows,
                           const unsigned char* b_rows) {
 #pragma unroll
@@ -127,7 +285,6 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
                            wgmma::kmajor_desc(b_rows + blk * BQ * kRow + within), kk > 0);
     }
   };
-  // acc [64 keys x D] += packed A [64 keys x BQ] . B [BQ x D] (dO or Q, read transposed)
   auto frag_product = [&](float (&acc)[D / 2], const uint32_t (&af)[QSTEPS][4],
                           const unsigned char* b_rows) {
 #pragma unroll
@@ -137,9 +294,6 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
                                             Shape::kAtomStride),
                           1);
   };
-
-  // dQ piece [64 queries x DQN] of a step over the block's BK keys. Keys past the sequence have
-  // dS^T rows from zero-filled K and V rows; their K rows are zero, so they add nothing.
   float dq[DQN / 2];
   auto dq_product = [&](const unsigned char* ds_s) {
 #pragma unroll
@@ -152,33 +306,40 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
                             BK * kRow, Shape::kAtomStride),
           kk > 0);
   };
-  auto add_dq = [&](int h, int q0) {
+  // This warp's dQ rows into the [BQ x D] fp32 tile (row-major: the bulk reduction's source is
+  // contiguous). Column block m of lane (g, quad) goes out at turn m ^ (g % 4): the 16 lanes of
+  // one 8-byte store phase then cover 32 different banks instead of four lanes per bank.
+  auto store_dq = [&]() {
+    const int rot = g % 4;
+    float t[DQN / 2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = q0 + rb * 64 + warp * 16 + g + 8 * half;
-      if (i >= geo.lq) continue;
-      float* row =
-          a.dq_acc + ((int64_t(b) * a.hq + h) * a.sq_max + i) * D + cb * DQN + 2 * quad;
+    for (int n = 0; n < DQN / 8; ++n)
 #pragma unroll
-      for (int n = 0; n < DQN / 8; ++n)
-        tc::red_add_pair(row + n * 8, dq[4 * n + 2 * half], dq[4 * n + 2 * half + 1]);
-    }
+      for (int e = 0; e < 4; ++e) t[4 * n + e] = (rot & 1) ? dq[4 * (n ^ 1) + e] : dq[4 * n + e];
+#pragma unroll
+    for (int n = 0; n < DQN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[4 * n + e] = (rot & 2) ? t[4 * (n ^ 2) + e] : t[4 * n + e];
+#pragma unroll
+    for (int n = 0; n < DQN / 8; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = rb * 64 + warp * 16 + g + 8 * half;
+        const int col = cb * DQN + 8 * (n ^ rot) + 2 * quad;
+        *reinterpret_cast<float2*>(dq_s + row * D + col) =
+            make_float2(dq[4 * n + 2 * half], dq[4 * n + 2 * half + 1]);
+      }
   };
 
   for (int step = 0; step < w.steps; ++step) {
-    const int st = step & 1;
-    mma_sync::cp_async_wait<0>();  // this thread's copies of the step landed
-    wgmma::fence_async_shared();
-    __syncthreads();  // ... every thread's; both warpgroups are done with the other stage, ds_s
-    if (step + 1 < w.steps) issue(step + 1, st ^ 1);
-    mma_sync::cp_async_commit();
-    const int h = hk * w.group + step / w.tiles_per_head;
-    const int q0 = w.q_first + (step % w.tiles_per_head) * BQ;
+    const int st = step % STAGES;
+    const int q0 = step_q0(step);
     const unsigned char* q_t = q_stage(st);
     const unsigned char* do_t = do_stage(st);
-    const float* lse2 = stats_s + 2 * st * BQ;  // lse * log2(e); -inf past the sequence
-    const float* delta = lse2 + BQ;
-    unsigned char* ds_s = smem + Shape::kDs;
+    const float* lse = stats_stage(st);
+    const float* delta = lse + BQ;
+    unsigned char* ds_s = smem + Shape::kDs + (step % Shape::DS_BUFFERS) * Shape::kDsTile;
+    mbar_wait(full + st, (step / STAGES) & 1);
 
     float s[BQ / 2], dp[BQ / 2];
     wgmma::fence();
@@ -186,20 +347,22 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::commit();
     rows_product(dp, v_wg, do_t);
     wgmma::commit();
-    wgmma::wait<1>();  // S^T done; dP^T may still run
+    wgmma::wait<1>();
     wgmma::pin(s);
-    // P^T: s[4 n + e] is key j0 + 8 (e / 2), query q0 + 8 n + 2 quad + (e % 2)
-    const bool full = tc::tile_all_visible(a, w.off, q0, q0 + BQ, k0, w.k1, geo.lk);
+    const bool full_tile = tc::tile_all_visible(a, w.off, q0, q0 + BQ, k0, w.k1, geo.lk) &&
+                           q0 + BQ <= geo.lq;
 #pragma unroll
     for (int n = 0; n < SN; ++n) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * quad);
+      const float2 l2 = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * quad);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = n * 8 + 2 * quad + (e % 2);
         const float l = e % 2 ? l2.y : l2.x;
-        const bool live = l != kNegInf &&
-                          (full || visible(a, w.off, q0 + col, j0 + 8 * (e / 2), geo.lq, geo.lk));
-        s[4 * n + e] = live ? fast_exp2_ftz(fmaf(s[4 * n + e], a.scale_log2, -l)) : 0.f;
+        // rows past the sequence (lse zero-filled) are never full_tile and never visible()
+        const bool live =
+            l != kNegInf &&
+            (full_tile || visible(a, w.off, q0 + col, j0 + 8 * (e / 2), geo.lq, geo.lk));
+        s[4 * n + e] = live ? fast_exp2_ftz(fmaf(s[4 * n + e], a.scale_log2, -l * kLog2e)) : 0.f;
       }
     }
     uint32_t p[QSTEPS][4];
@@ -207,9 +370,8 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::fence();
     frag_product(dv, p, do_t);
     wgmma::commit();
-    wgmma::wait<1>();  // dP^T done; dV may still run
+    wgmma::wait<1>();
     wgmma::pin(dp);
-    // dS^T = P^T (dP^T - delta), P^T read back from its packed (rounded) form
 #pragma unroll
     for (int n = 0; n < SN; ++n) {
       const float2 dl = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * quad);
@@ -222,6 +384,9 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     }
     uint32_t ds[QSTEPS][4];
     tc::pack_a<T, BQ>(ds, reinterpret_cast<const float(&)[SN][4]>(dp));
+    // one dS^T tile: the other warpgroup's last dQ product (it reads these rows too) is done
+    // once it reaches this barrier
+    if (Shape::DS_BUFFERS == 1) wgmma::barrier_sync(2, Shape::NT_MMA);
     // dS^T rows of this warp's keys into the swizzled [BK x BQ] tile: word (n, half) of the
     // packed rows is row g + 8 half, queries 8 n + 2 quad .. +1 (pack_a's layout); the eight
     // rows g of one store sit in eight different 16-byte chunk positions, so no bank conflicts
@@ -238,7 +403,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     frag_product(dk, ds, q_t);
     wgmma::commit();
     wgmma::fence_async_shared();  // the dS^T stores, visible to the tensor cores ...
-    __syncthreads();              // ... of both warpgroups
+    wgmma::barrier_sync(1, Shape::NT_MMA);  // ... of both warpgroups
 
     dq_product(ds_s);
     wgmma::commit();
@@ -248,9 +413,14 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::pin(dv);
     wgmma::pin(p);
     wgmma::pin(ds);
-    add_dq(h, q0);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + st);  // this warp is done with the stage
+    if (step > 0) mbar_wait(dq_empty, (step - 1) & 1);
+    store_dq();
+    wgmma::fence_async_shared();  // the dQ tile, visible to the bulk reduction
+    __syncwarp();
+    if (lane == 0) mbar_arrive(dq_full);
   }
-  mma_sync::cp_async_wait<0>();  // nothing may be in flight when the block exits
   tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(dk),
                       static_cast<T*>(a.dk) + kv_head, a.kv_tok_stride, k0 + key_row0, geo.lk,
                       a.scale, a.scale, lane);
@@ -259,11 +429,10 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
                       1.f, 1.f, lane);
 }
 
-template <typename T, int D, typename Shape = WgmmaBwdShape<D>>
+template <typename T, int D, typename Shape>
 void launch_bwd_wgmma(const AttnArgs& args, const KernelArgs& k) {
   auto kernel = attention_bwd_wgmma_kernel<T, D, Shape>;
   const size_t bytes = Shape::kBytes + Shape::kAlign;
-  // Every call, not once: the attribute belongs to the current device's context.
   if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes)) != cudaSuccess)
@@ -282,12 +451,20 @@ void launch_bwd_wgmma(const AttnArgs& args, const KernelArgs& k) {
 
 bool backward_atomic_wgmma(const AttnArgs& args, const KernelArgs& k) {
   int device = 0;
-  // D = 64: the mma.sync kernel (WgmmaBwdShape)
-  if (k.dq_acc == nullptr || args.p.head_dim_qk != 128 || cudaGetDevice(&device) != cudaSuccess ||
+  const int d = args.p.head_dim_qk;
+  if (k.dq_acc == nullptr || (d != 128 && d != 64) || cudaGetDevice(&device) != cudaSuccess ||
       !wgmma::usable(device))
     return false;
-  if (args.p.dtype == kNVTEFloat16) launch_bwd_wgmma<fp16, 128>(args, k);
-  else launch_bwd_wgmma<bf16, 128>(args, k);
+  const bool f16 = args.p.dtype == kNVTEFloat16;
+  if (d == 64) {
+    using S = WgmmaBwdShape<64, 128, 3, 1>;
+    if (f16) launch_bwd_wgmma<fp16, 64, S>(args, k);
+    else launch_bwd_wgmma<bf16, 64, S>(args, k);
+  } else {
+    using S = WgmmaBwdShape<128, 64, 3, 2>;
+    if (f16) launch_bwd_wgmma<fp16, 128, S>(args, k);
+    else launch_bwd_wgmma<bf16, 128, S>(args, k);
+  }
   return true;
 }
 
