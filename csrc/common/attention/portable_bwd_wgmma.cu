@@ -25,16 +25,24 @@
 // convert_dq_sums writes dq afterwards.
 //
 // H100, bf16, backward TFLOP/s (2.5x the forward's FLOPs; delta pass, kernel and dq conversion),
-// full / causal, two rounds of .exp timing in one run against SDPA cuDNN in the same run:
-//   4x32x4096x128   315-316 / 294-295  (cuDNN 487-519 / 433-440: 0.61 / 0.67)
-//   1x32x16384x128  333-334 / 340      (cuDNN 515-525 / 508-513: 0.63 / 0.66)
-//   8x16x2048x64    223-232 / 165-177  with 2 stages (cuDNN 341-371 / 300-301: 0.63 / 0.56)
-// Before (session 9, one 256-thread block per key tile that loaded its own stages and added
-// dQ with red.global.add.v2): 244-249 / 232-235 and 241-244 / 267-271 at d = 128; d = 64 ran
-// the mma.sync kernel (184 / 147). Same run, d = 128: 2 stages 286-288 / 268-271 and
-// 298 / 312; 2 stages without the dQ reduction (a wrong dQ) 337 / 302 and 355 / 352, so the
-// reduction still costs ~15% at 2 stages, less at 3. d = 64 now runs 3 stages with one dS^T
-// tile (shared memory: 3 stages and two 32 KiB dS^T tiles do not fit).
+// full / causal, bench_attention.py --quick --filter kernels (SDPA cuDNN in the same run):
+//   4x32x4096x128   314 / 293  (cuDNN 509 / 422: 0.62 / 0.70)
+//   1x32x16384x128  331 / 329  (cuDNN 523 / 506: 0.63 / 0.65)
+//   8x16x2048x64    235 / 171  (cuDNN 383 / 300: 0.61 / 0.57)
+// Before (session 9: one 256-thread block per key tile that loaded its own stages and added dQ
+// with red.global.add.v2): 239-251 / 232-270 at d = 128, and d = 64 ran the mma.sync kernel
+// (184-187 / 147). An earlier run of variants (two rounds each, same build): d = 128 with 2
+// stages 286-298 / 268-312, with 3 stages 315-333 / 294-340, 2 stages without the dQ reduction
+// (a wrong dQ) 337-355 / 302-352: the reduction still cost ~15% at 2 stages, the third stage
+// won most of it back (the loads were late with two). d = 64 with 2 stages and two dS^T tiles
+// 223-232 / 165-177; 3 stages need the single dS^T tile (3 stages and two 32 KiB tiles do not
+// fit in 227 KiB) and gained ~3% (171 causal is within that spread).
+// What limits d = 64: per FLOP it has twice the exp / dS element work of d = 128 (BQ = 128
+// scores per key row for the same products), and at 8x16x2048 causal a block walks ~8.5 query
+// tiles on average, so its prologue (K / V, filling the stages) and epilogue (dK / dV) are not
+// amortised, with one block per SM (195 KiB of shared memory) nothing overlaps them. Next: a
+// persistent grid prefetching the next key block's K / V during the last steps, or a d = 64
+// shape that fits two blocks per SM.
 // Tried before and not faster (the form without a producer warp): red.global.add.v4, one bulk
 // reduction per piece issued by the MMA warpgroups themselves, two-CTA clusters summing pieces
 // through distributed shared memory, keeping a step's dQ product in flight into the next step.
