@@ -5,7 +5,8 @@
 // kernel runs instead.
 //
 // After the delta pass (portable_bwd.cu, which also zeroes dq_acc), one block per (BK = 128 keys,
-// kv head, sequence), warp-specialised:
+// kv head, sequence), in grouped order (grouped_pairs: heaviest key tiles first within groups of
+// about one wave), warp-specialised:
 // - two MMA warpgroups; warpgroup w owns keys 64 w .. 64 w + 63, K and V stay in swizzled shared
 //   memory. Per query tile of BQ rows (every tile of every head of the GQA group):
 //     S^T  = K Q^T   and  dP^T = V dO^T        (shared x shared, issued together)
@@ -13,9 +14,11 @@
 //     dV  += P^T dO                            (A from registers; runs while dS^T is computed)
 //     dS^T = P^T (dP^T - delta), packed, and stored to a swizzled shared tile
 //     dK  += dS^T Q                            (A from registers)
-//   then, once both warpgroups' dS^T rows are in shared memory, warpgroup w computes one
-//   [64 queries x 64 columns] piece of dQ = dS K (A = dS^T read transposed, B = K read
-//   transposed) and writes it into a row-major fp32 [BQ x D] tile in shared memory;
+//   then dQ = dS K (A = dS^T read transposed, B = K read transposed) into a row-major fp32
+//   [BQ x D] tile in shared memory: at d = 128, once both warpgroups' dS^T rows are in shared
+//   memory, warpgroup w computes one [64 queries x 64 columns] piece over all 128 keys; at
+//   d = 64 (SPLIT_DQ) each warpgroup multiplies its own 64 keys into a whole [BQ x D] partial,
+//   warpgroup 0 stores it and warpgroup 1 adds its own onto it;
 // - one producer warp (its warpgroup's other warps exit; setmaxnreg moves their registers to
 //   the MMA warpgroups) copies Q, dO, lse and delta of the next steps into STAGES stages
 //   (cp.async) and, once a step's dQ tile is complete, adds it to dq_acc with one bulk
@@ -24,25 +27,42 @@
 // issue loads nor wait on global memory, and dQ's additions leave their critical path.
 // convert_dq_sums writes dq afterwards.
 //
-// H100, bf16, backward TFLOP/s (2.5x the forward's FLOPs; delta pass, kernel and dq conversion),
-// full / causal, bench_attention.py --quick --filter kernels (SDPA cuDNN in the same run):
-//   4x32x4096x128   314 / 293  (cuDNN 509 / 422: 0.62 / 0.70)
-//   1x32x16384x128  331 / 329  (cuDNN 523 / 506: 0.63 / 0.65)
-//   8x16x2048x64    235 / 171  (cuDNN 383 / 300: 0.61 / 0.57)
-// Before (session 9: one 256-thread block per key tile that loaded its own stages and added dQ
-// with red.global.add.v2): 239-251 / 232-270 at d = 128, and d = 64 ran the mma.sync kernel
-// (184-187 / 147). An earlier run of variants (two rounds each, same build): d = 128 with 2
-// stages 286-298 / 268-312, with 3 stages 315-333 / 294-340, 2 stages without the dQ reduction
-// (a wrong dQ) 337-355 / 302-352: the reduction still cost ~15% at 2 stages, the third stage
-// won most of it back (the loads were late with two). d = 64 with 2 stages and two dS^T tiles
-// 223-232 / 165-177; 3 stages need the single dS^T tile (3 stages and two 32 KiB tiles do not
-// fit in 227 KiB) and gained ~3% (171 causal is within that spread).
-// What limits d = 64: per FLOP it has twice the exp / dS element work of d = 128 (BQ = 128
-// scores per key row for the same products), and at 8x16x2048 causal a block walks ~8.5 query
-// tiles on average, so its prologue (K / V, filling the stages) and epilogue (dK / dV) are not
-// amortised, with one block per SM (195 KiB of shared memory) nothing overlaps them. Next: a
-// persistent grid prefetching the next key block's K / V during the last steps, or a d = 64
-// shape that fits two blocks per SM.
+// H100 (NVIDIA H100 80GB HBM3), bf16, backward TFLOP/s (2.5x the forward's FLOPs; delta pass,
+// kernel and dq conversion), full / causal, python3 benchmarks/bench_attention.py --quick
+// --filter kernels, SDPA cuDNN in the same run, after test_attention_kernels.py +
+// test_attention.py (304 passed) and the C API attention tests (4/4) in the same build:
+//   4x32x4096x128   318 / 306  (cuDNN 507 / 426: 0.63 / 0.72)   session 10: 314 / 293
+//   1x32x16384x128  343 / 347  (cuDNN 521 / 512: 0.66 / 0.68)   session 10: 331 / 329
+//   8x16x2048x64    286 / 206  (cuDNN 409 / 304: 0.70 / 0.68)   session 10: 235 / 171
+// What moved d = 64, kernel alone in a standalone harness (.exp, not committed; same H100,
+// kernel TFLOP/s, three rounds each, full / causal; SDPA cuDNN backward 401 / 299 there):
+//   session 10's kernel                                       242-247 / 188-189
+//   + the exponentials of unmasked tiles as straight-line code 268 / 219-220
+//     (folded into the masked loop, each element compiled to a branch around its ex2: ~140
+//     BSSY / BSYNC pairs in the loop)
+//   + shared memory addressed from smem_raw, so LDS / STS
+//     (the integer-aligned pointer gave generic LD / ST)      283 / 225-232
+//   + SPLIT_DQ, grouped order, 3 stages                       292 / 230-238
+//   + 2 stages instead of 3 (kept)                            302 / 228-236
+//   SPLIT_DQ without the grouped order (an earlier harness run, two rounds): full 287-288,
+//   causal 223-225, no causal gain: there the grid's tail is what grouping removes (~5% by a
+//   list-scheduling estimate of 128 heads x 16 key tiles on 132 SMs).
+// d = 128 in that harness (4x32x4096 and 1x32x16384, full / causal): the straight-line
+// exponentials ran 6-10% slower (291-308 vs 326-342 / 285-325 vs 314-358; cause not
+// established), so d = 128 keeps the masked loop (STRAIGHT_EXP off); shared-memory addressing
+// and the grouped order are within noise for full and +1-4% causal; SPLIT_DQ at d = 128 (one
+// dS^T tile, 64-register partial) 305-337 / 293-345: not taken.
+// The split form's two roles at the end of a step differ only by predicates: with an if/else
+// around the stores ptxas spilled ~120 bytes in the loop.
+// Earlier history (session 9: one 256-thread block per key tile that loaded its own stages and
+// added dQ with red.global.add.v2): 239-251 / 232-270 at d = 128, and d = 64 ran the mma.sync
+// kernel (184-187 / 147). Session 10's variants: d = 128 with 2 stages 286-298 / 268-312, with
+// 3 stages 315-333 / 294-340, 2 stages without the dQ reduction (a wrong dQ) 337-355 / 302-352:
+// the reduction still cost ~15% at 2 stages, the third stage won most of it back.
+// Not tried yet: a persistent grid prefetching the next key block's K / V during the last
+// steps (at d = 64 a block walks 16 tiles full, ~8.5 causal), a d = 64 shape with two blocks
+// an SM (one MMA warpgroup of 64 keys: BQ = 128 needs ~115 KiB a block, just over half the SM;
+// BQ = 64 doubles the Q / dO and dQ traffic per FLOP).
 // Tried before and not faster (the form without a producer warp): red.global.add.v4, one bulk
 // reduction per piece issued by the MMA warpgroups themselves, two-CTA clusters summing pieces
 // through distributed shared memory, keeping a step's dQ product in flight into the next step.
@@ -131,21 +151,52 @@ __device__ __forceinline__ void set_max_registers_inc() {
 #endif
 }
 
+// A warpgroup's own barrier (ids 3 and 4; constant ids let the compiler count them).
+__device__ __forceinline__ void wgmma_barrier_own(int wg) {
+  if (wg == 0) wgmma::barrier_sync(3, wgmma::kWarpgroup);
+  else wgmma::barrier_sync(4, wgmma::kWarpgroup);
+}
+
+// Named barrier `id` between `threads` threads, entered only where `pred` holds (uniform across
+// each warp): one asm with a guard predicate rather than a branch.
+__device__ __forceinline__ void barrier_sync_if(int id, int threads, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.sync %0, %1;\n}\n" ::"r"(id),
+               "r"(threads), "r"(int(pred))
+               : "memory");
+}
+__device__ __forceinline__ void barrier_arrive_if(int id, int threads, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id),
+               "r"(threads), "r"(int(pred))
+               : "memory");
+}
+
 // Block shape: BK = 128 keys (64 per MMA warpgroup) against query tiles of BQ rows, STAGES
 // stages of Q / dO / row statistics in flight, DS_BUFFERS dS^T tiles (two let a warpgroup write
 // the next step's dS^T while the other still reads the last one; one costs a second barrier).
-template <int D, int BQ_, int STAGES_, int DS_BUFFERS_>
+// SPLIT_DQ: each warpgroup multiplies only its own dS^T rows (its 64 keys) into a whole
+// [BQ x D] dQ partial; warpgroup 0 stores its partial, warpgroup 1 adds its own onto it. The
+// warpgroups then share no dS^T tile and meet once a step in one direction only (1 waits for
+// 0), so they drift apart and one's exponentials overlap the other's products.
+// STRAIGHT_EXP: tiles without a masked score take a separate, branch-free exponential loop
+// (d = 64: +9-16%; d = 128: 6-10% slower, cause not established, so off there).
+template <int D, int BQ_, int STAGES_, int DS_BUFFERS_, bool SPLIT_DQ_, bool STRAIGHT_EXP_>
 struct WgmmaBwdShape {
   static constexpr int WARPGROUPS = 2, BK = 64 * WARPGROUPS, BQ = BQ_, STAGES = STAGES_;
   static constexpr int DS_BUFFERS = DS_BUFFERS_;
+  static constexpr bool SPLIT_DQ = SPLIT_DQ_, STRAIGHT_EXP = STRAIGHT_EXP_;
   static constexpr int NT_MMA = WARPGROUPS * wgmma::kWarpgroup;
   // + a producer warpgroup of which one warp works: registers are granted per warpgroup (a
   // block of 288 threads would get 168 a thread, like 384), so the producer drops to 24 a thread
   // and the MMA warpgroups rise to 240 (setmaxnreg; 2 x 128 x 240 + 128 x 24 = 384 x 168)
   static constexpr int NT = NT_MMA + wgmma::kWarpgroup;
-  // the step's dQ tile [BQ x D] in WARPGROUPS pieces of 64 queries x DQN columns
-  static constexpr int DQN = D * (BQ / 64) / WARPGROUPS;
-  static_assert(DQN == 64, "dQ pieces: 64 queries x 64 columns");
+  // the step's dQ tile [BQ x D]: split, one [BQ x D] partial a warpgroup in DQ_MB row blocks of
+  // 64; else WARPGROUPS pieces of 64 queries x DQN columns
+  static constexpr int DQ_MB = SPLIT_DQ ? BQ / 64 : 1;
+  static constexpr int DQN = SPLIT_DQ ? D : D * (BQ / 64) / WARPGROUPS;
+  static_assert(SPLIT_DQ || DQN == 64, "dQ pieces: 64 queries x 64 columns");
+  static_assert(!SPLIT_DQ || DS_BUFFERS == 1, "split dQ: one dS^T tile a warpgroup");
+  // rows of one dS^T tile: split, a warpgroup's own 64 keys (tile wg at kDs + wg kDsTile / 2)
+  static constexpr int DS_ROWS = SPLIT_DQ ? 64 : BK;
   // swizzled tiles, every one on a 1024-byte boundary (sizes are multiples of 1024)
   static constexpr size_t kOwnTile = size_t(BK) * D * 2;
   static constexpr size_t kStreamTile = size_t(BQ) * D * 2;
@@ -164,14 +215,26 @@ struct WgmmaBwdShape {
   static_assert(kBytes + kAlign <= 232448, "shared memory of one block (227 KiB)");
 };
 
+// Block order: (kv head, sequence) pairs in groups of kGroupSpan / k_tiles (at least one), so
+// that a group's blocks are about one wave of the chip's 132 SMs, and a group's key tiles
+// interleaved lowest first: under a causal mask the lowest key tile sees the most query rows,
+// so the grid's tail holds the lightest blocks, while the blocks in flight still share few
+// heads' Q / dO / dQ sums in L2. The host and the blocks compute the same group size.
+constexpr int kGroupSpan = 128;
+__host__ __device__ __forceinline__ int grouped_pairs(int k_tiles) {
+  return k_tiles >= kGroupSpan ? 1 : (kGroupSpan + k_tiles - 1) / k_tiles;
+}
+
 template <typename T, int D, typename Shape>
 __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(KernelArgs a) {
   constexpr int BK = Shape::BK, BQ = Shape::BQ, DQN = Shape::DQN, STAGES = Shape::STAGES;
   constexpr int KSTEPS = D / 16, QSTEPS = BQ / 16, SN = BQ / 8;
   constexpr uint32_t kRow = wgmma::kRowBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + Shape::kAlign - 1) & ~uintptr_t(Shape::kAlign - 1));
+  // aligned as an offset from smem_raw (not through an integer): the compiler then still knows
+  // every pointer below is shared memory and emits LDS / STS instead of generic LD / ST
+  unsigned char* smem =
+      smem_raw + (Shape::kAlign - mma_sync::smem_addr(smem_raw) % Shape::kAlign) % Shape::kAlign;
   auto q_stage = [&](int st) { return smem + Shape::kStages + 2 * st * Shape::kStreamTile; };
   auto do_stage = [&](int st) { return q_stage(st) + Shape::kStreamTile; };
   auto stats_stage = [&](int st) {
@@ -181,11 +244,19 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Shape::kBars);
   uint64_t* full = bars;                 // stage st loaded: the producer warp's 32 lanes
   uint64_t* empty = bars + STAGES;       // stage st read: the 8 MMA warps
-  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 8 MMA warps
+  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 8 MMA warps (split: 4 of wg 1)
   uint64_t* dq_empty = dq_full + 1;       // dQ tile read by the reduction: the producer
 
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const int k0 = blockIdx.x * BK;
+  // 1D grid of k_tiles x pairs blocks in grouped order (grouped_pairs): group, then key tile,
+  // then (kv head, sequence) pair within the group
+  const int k_tiles = (a.skv_max + BK - 1) / BK;
+  const int pairs = static_cast<int>(gridDim.x / k_tiles), span = grouped_pairs(k_tiles);
+  const int group = static_cast<int>(blockIdx.x / (k_tiles * span));
+  const int within = static_cast<int>(blockIdx.x % (k_tiles * span));
+  const int size = min(span, pairs - group * span);  // the last group may hold fewer pairs
+  const int pair = group * span + within % size;
+  const int hk = pair % a.hkv, b = pair / a.hkv;
+  const int k0 = (within / size) * BK;
   const SeqGeom geo = seq_geom(a, b);
   if (k0 >= geo.lk) return;
   const tc::KvBlockWalk w = tc::kv_block_walk<BK, BQ>(a, geo, k0);
@@ -194,7 +265,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
       mbar_init(full + st, tc::kLanes);
       mbar_init(empty + st, Shape::NT_MMA / tc::kLanes);
     }
-    mbar_init(dq_full, Shape::NT_MMA / tc::kLanes);
+    mbar_init(dq_full, (Shape::SPLIT_DQ ? wgmma::kWarpgroup : Shape::NT_MMA) / tc::kLanes);
     mbar_init(dq_empty, 1);
   }
   __syncthreads();
@@ -302,41 +373,68 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
                                             Shape::kAtomStride),
                           1);
   };
-  float dq[DQN / 2];
-  auto dq_product = [&](const unsigned char* ds_s) {
+  constexpr int DQ_MB = Shape::DQ_MB;
+  // split: [BQ x D] partial over this warpgroup's 64 keys (A = its dS^T tile read transposed,
+  // B = its K rows read transposed); else piece (rb, cb) over all BK keys
+  auto dq_product = [&](float (&dq)[DQ_MB][DQN / 2], const unsigned char* ds_s) {
+    if constexpr (Shape::SPLIT_DQ) {
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma::mma_ss<T, DQN, 1, 1>(
-          dq,
-          wgmma::descriptor(ds_s + rb * BK * kRow + kk * 16 * kRow, BK * kRow,
-                            Shape::kAtomStride),
-          wgmma::descriptor(smem + Shape::kK + (cb * DQN / 64) * BK * kRow + kk * 16 * kRow,
-                            BK * kRow, Shape::kAtomStride),
-          kk > 0);
+      for (int mb = 0; mb < DQ_MB; ++mb)
+#pragma unroll
+        for (int kk = 0; kk < 64 / 16; ++kk)
+          wgmma::mma_ss<T, DQN, 1, 1>(
+              dq[mb],
+              wgmma::descriptor(ds_s + mb * 64 * kRow + kk * 16 * kRow, 64 * kRow,
+                                Shape::kAtomStride),
+              wgmma::descriptor(k_wg + kk * 16 * kRow, BK * kRow, Shape::kAtomStride), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma::mma_ss<T, DQN, 1, 1>(
+            dq[0],
+            wgmma::descriptor(ds_s + rb * BK * kRow + kk * 16 * kRow, BK * kRow,
+                              Shape::kAtomStride),
+            wgmma::descriptor(smem + Shape::kK + (cb * DQN / 64) * BK * kRow + kk * 16 * kRow,
+                              BK * kRow, Shape::kAtomStride),
+            kk > 0);
+    }
   };
   // This warp's dQ rows into the [BQ x D] fp32 tile (row-major: the bulk reduction's source is
-  // contiguous). Column block m of lane (g, quad) goes out at turn m ^ (g % 4): the 16 lanes of
-  // one 8-byte store phase then cover 32 different banks instead of four lanes per bank.
-  auto store_dq = [&]() {
+  // contiguous), stored, or added to what is there (add). Column block m of lane (g, quad) goes
+  // out at turn m ^ (g % 4): the 16 lanes of one 8-byte store phase then cover 32 different
+  // banks instead of four lanes per bank.
+  auto store_dq = [&](float (&dq)[DQ_MB][DQN / 2], bool add) {
     const int rot = g % 4;
-    float t[DQN / 2];
 #pragma unroll
-    for (int n = 0; n < DQN / 8; ++n)
+    for (int mb = 0; mb < DQ_MB; ++mb) {
+      float t[DQN / 2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) t[4 * n + e] = (rot & 1) ? dq[4 * (n ^ 1) + e] : dq[4 * n + e];
+      for (int n = 0; n < DQN / 8; ++n)
 #pragma unroll
-    for (int n = 0; n < DQN / 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          t[4 * n + e] = (rot & 1) ? dq[mb][4 * (n ^ 1) + e] : dq[mb][4 * n + e];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dq[4 * n + e] = (rot & 2) ? t[4 * (n ^ 2) + e] : t[4 * n + e];
+      for (int n = 0; n < DQN / 8; ++n)
 #pragma unroll
-    for (int n = 0; n < DQN / 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          dq[mb][4 * n + e] = (rot & 2) ? t[4 * (n ^ 2) + e] : t[4 * n + e];
+      const int row_block = Shape::SPLIT_DQ ? mb : rb, col0 = Shape::SPLIT_DQ ? 0 : cb * DQN;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = rb * 64 + warp * 16 + g + 8 * half;
-        const int col = cb * DQN + 8 * (n ^ rot) + 2 * quad;
-        *reinterpret_cast<float2*>(dq_s + row * D + col) =
-            make_float2(dq[4 * n + 2 * half], dq[4 * n + 2 * half + 1]);
-      }
+      for (int n = 0; n < DQN / 8; ++n)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = row_block * 64 + warp * 16 + g + 8 * half;
+          const int col = col0 + 8 * (n ^ rot) + 2 * quad;
+          float2* dst = reinterpret_cast<float2*>(dq_s + row * D + col);
+          float2 v = make_float2(dq[mb][4 * n + 2 * half], dq[mb][4 * n + 2 * half + 1]);
+          if (add) {
+            const float2 o = *dst;
+            v.x += o.x;
+            v.y += o.y;
+          }
+          *dst = v;
+        }
+    }
   };
 
   for (int step = 0; step < w.steps; ++step) {
@@ -346,7 +444,9 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     const unsigned char* do_t = do_stage(st);
     const float* lse = stats_stage(st);
     const float* delta = lse + BQ;
-    unsigned char* ds_s = smem + Shape::kDs + (step % Shape::DS_BUFFERS) * Shape::kDsTile;
+    // split: this warpgroup's own [64 x BQ] tile
+    unsigned char* ds_s = smem + Shape::kDs + (step % Shape::DS_BUFFERS) * Shape::kDsTile +
+                          (Shape::SPLIT_DQ ? wg * Shape::kDsTile / 2 : 0);
     mbar_wait(full + st, (step / STAGES) & 1);
 
     float s[BQ / 2], dp[BQ / 2];
@@ -359,18 +459,31 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::pin(s);
     const bool full_tile = tc::tile_all_visible(a, w.off, q0, q0 + BQ, k0, w.k1, geo.lk) &&
                            q0 + BQ <= geo.lq;
+    if (Shape::STRAIGHT_EXP && full_tile) {
+      // every score of the tile is visible and every row has a finite lse: straight-line code
+      // (folded into the loop below, each element becomes a branch around its exponential)
 #pragma unroll
-    for (int n = 0; n < SN; ++n) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * quad);
+      for (int n = 0; n < SN; ++n) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * quad);
+        const float b0 = -l2.x * kLog2e, b1 = -l2.y * kLog2e;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n * 8 + 2 * quad + (e % 2);
-        const float l = e % 2 ? l2.y : l2.x;
-        // rows past the sequence (lse zero-filled) are never full_tile and never visible()
-        const bool live =
-            l != kNegInf &&
-            (full_tile || visible(a, w.off, q0 + col, j0 + 8 * (e / 2), geo.lq, geo.lk));
-        s[4 * n + e] = live ? fast_exp2_ftz(fmaf(s[4 * n + e], a.scale_log2, -l * kLog2e)) : 0.f;
+        for (int e = 0; e < 4; ++e)
+          s[4 * n + e] = fast_exp2_ftz(fmaf(s[4 * n + e], a.scale_log2, e % 2 ? b1 : b0));
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < SN; ++n) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse + n * 8 + 2 * quad);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + 2 * quad + (e % 2);
+          const float l = e % 2 ? l2.y : l2.x;
+          // rows past the sequence (lse zero-filled) are never full_tile and never visible()
+          const bool live =
+              l != kNegInf && ((!Shape::STRAIGHT_EXP && full_tile) ||
+                               visible(a, w.off, q0 + col, j0 + 8 * (e / 2), geo.lq, geo.lk));
+          s[4 * n + e] = live ? fast_exp2_ftz(fmaf(s[4 * n + e], a.scale_log2, -l * kLog2e)) : 0.f;
+        }
       }
     }
     uint32_t p[QSTEPS][4];
@@ -392,42 +505,69 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     }
     uint32_t ds[QSTEPS][4];
     tc::pack_a<T, BQ>(ds, reinterpret_cast<const float(&)[SN][4]>(dp));
-    // one dS^T tile: the other warpgroup's last dQ product (it reads these rows too) is done
-    // once it reaches this barrier
-    if (Shape::DS_BUFFERS == 1) wgmma::barrier_sync(2, Shape::NT_MMA);
-    // dS^T rows of this warp's keys into the swizzled [BK x BQ] tile: word (n, half) of the
+    // one dS^T tile: the last dQ product that reads these rows (split: this warpgroup's own;
+    // else the other warpgroup's too) is done once its warps reach this barrier
+    if constexpr (Shape::SPLIT_DQ) wgmma_barrier_own(wg);
+    else if (Shape::DS_BUFFERS == 1) wgmma::barrier_sync(2, Shape::NT_MMA);
+    // dS^T rows of this warp's keys into the swizzled [DS_ROWS x BQ] tile: word (n, half) of the
     // packed rows is row g + 8 half, queries 8 n + 2 quad .. +1 (pack_a's layout); the eight
     // rows g of one store sit in eight different 16-byte chunk positions, so no bank conflicts
+    constexpr int DS_ROWS = Shape::DS_ROWS;
+    const int ds_row0 = Shape::SPLIT_DQ ? warp * 16 : key_row0;
 #pragma unroll
     for (int n = 0; n < SN; ++n)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = key_row0 + g + 8 * half;
-        *reinterpret_cast<uint32_t*>(ds_s + (n / 8) * BK * kRow + r * kRow +
+        const int r = ds_row0 + g + 8 * half;
+        *reinterpret_cast<uint32_t*>(ds_s + (n / 8) * DS_ROWS * kRow + r * kRow +
                                      (((n % 8) ^ (r % 8)) * 16) + 4 * quad) =
             ds[n / 2][(n % 2) * 2 + half];
       }
+    if constexpr (Shape::SPLIT_DQ) {
+      // dV's product (long issued) is done: P's registers are free for the dQ partial's
+      wgmma::wait<0>();
+      wgmma::pin(p);
+    }
     wgmma::fence();
     frag_product(dk, ds, q_t);
     wgmma::commit();
     wgmma::fence_async_shared();  // the dS^T stores, visible to the tensor cores ...
-    wgmma::barrier_sync(1, Shape::NT_MMA);  // ... of both warpgroups
+    // ... of this warpgroup (split) or of both
+    if constexpr (Shape::SPLIT_DQ) wgmma_barrier_own(wg);
+    else wgmma::barrier_sync(1, Shape::NT_MMA);
 
-    dq_product(ds_s);
+    // declared here, not before the loop: the products read their accumulators (asm "+f"), so
+    // an array that outlived the step would hold its registers through the whole next step
+    float dq[DQ_MB][DQN / 2];
+    // an opaque copy of the tile address: its descriptors are built here, each step, rather
+    // than hoisted out of the loop into registers held through the whole step (added while
+    // hunting the split form's spills; the form measured and kept has it, not timed alone)
+    const unsigned char* ds_opaque = ds_s;
+    asm volatile("" : "+l"(ds_opaque));
+    dq_product(dq, ds_opaque);
     wgmma::commit();
     wgmma::wait<0>();
-    wgmma::pin(dq);
+#pragma unroll
+    for (int mb = 0; mb < DQ_MB; ++mb) wgmma::pin(dq[mb]);
     wgmma::pin(dk);
     wgmma::pin(dv);
     wgmma::pin(p);
     wgmma::pin(ds);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + st);  // this warp is done with the stage
-    if (step > 0) mbar_wait(dq_empty, (step - 1) & 1);
-    store_dq();
+    // split: warpgroup 1 adds its partial to the one warpgroup 0 stored. The two roles differ
+    // only by predicates (no branch around the stores: two code paths here cost the register
+    // allocator ~30 spilled registers in the loop)
+    const bool adds = Shape::SPLIT_DQ && wg == 1;
+    // the tile is free once the reduction of the last step read it (split: warpgroup 0 waited
+    // for that before it stored its partial)
+    if (step > 0 && !adds) mbar_wait(dq_empty, (step - 1) & 1);
+    if constexpr (Shape::SPLIT_DQ) barrier_sync_if(5, Shape::NT_MMA, adds);
+    store_dq(dq, adds);
     wgmma::fence_async_shared();  // the dQ tile, visible to the bulk reduction
     __syncwarp();
-    if (lane == 0) mbar_arrive(dq_full);
+    if constexpr (Shape::SPLIT_DQ) barrier_arrive_if(5, Shape::NT_MMA, !adds);
+    if (lane == 0 && (adds || !Shape::SPLIT_DQ)) mbar_arrive(dq_full);
   }
   tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(dk),
                       static_cast<T*>(a.dk) + kv_head, a.kv_tok_stride, k0 + key_row0, geo.lk,
@@ -448,9 +588,10 @@ void launch_bwd_wgmma(const AttnArgs& args, const KernelArgs& k) {
                                          " bytes of shared memory to attention_bwd_wgmma_kernel"));
   const unsigned k_tiles =
       static_cast<unsigned>((args.p.max_seqlen_kv + Shape::BK - 1) / Shape::BK);
-  kernel<<<dim3(k_tiles, static_cast<unsigned>(args.p.num_heads_kv),
-                static_cast<unsigned>(args.p.batch)),
-           Shape::NT, bytes, to_stream(args.stream)>>>(k);
+  // grouped order (grouped_pairs), one dimension
+  const unsigned blocks = k_tiles * static_cast<unsigned>(args.p.num_heads_kv) *
+                          static_cast<unsigned>(args.p.batch);
+  kernel<<<blocks, Shape::NT, bytes, to_stream(args.stream)>>>(k);
   check_launch("attention_bwd_wgmma_kernel");
   convert_dq_sums(args, k);
 }
@@ -465,11 +606,11 @@ bool backward_atomic_wgmma(const AttnArgs& args, const KernelArgs& k) {
     return false;
   const bool f16 = args.p.dtype == kNVTEFloat16;
   if (d == 64) {
-    using S = WgmmaBwdShape<64, 128, 3, 1>;
+    using S = WgmmaBwdShape<64, 128, 2, 1, true, true>;
     if (f16) launch_bwd_wgmma<fp16, 64, S>(args, k);
     else launch_bwd_wgmma<bf16, 64, S>(args, k);
   } else {
-    using S = WgmmaBwdShape<128, 64, 3, 2>;
+    using S = WgmmaBwdShape<128, 64, 3, 2, false, false>;
     if (f16) launch_bwd_wgmma<fp16, 128, S>(args, k);
     else launch_bwd_wgmma<bf16, 128, S>(args, k);
   }
