@@ -4,12 +4,13 @@
 //
 // One block per (BQ = 64 WARPGROUPS query rows, query head, sequence); warpgroup w owns rows
 // 64 w .. 64 w + 63. The Q tile stays in shared memory; K and V tiles of BK rows stream through
-// two shared-memory stages each (cp.async by every thread, one commit group per tile). Per key
-// tile t and warpgroup, software-pipelined so that the softmax overlaps a product:
+// STAGES (2) shared-memory stages each (cp.async by every thread, one commit group per tile).
+// Per key tile t and warpgroup, software-pipelined so that the softmax overlaps a product:
 //   issue S_t = Q K_t^T and O += P_{t-1} V_{t-1}   (asynchronous, in this order)
-//   wait for S_t; online softmax of S_t in registers -> P_t (16-bit, the A operand of the next
-//   product), the row maxima's rescale factor alpha_t (exp2, the scale folded into one FMA)
-//   wait for the P V product; O *= alpha_t (skipped by a warp whose row maxima all stayed)
+//   wait for S_t; online softmax of S_t in fp32 registers, the row maxima's rescale factor
+//   alpha_t (exp2, the scale folded into one FMA)
+//   wait for the P V product; O *= alpha_t (skipped by a warp whose row maxima all stayed);
+//   pack P_t to 16 bits (the A operand of the next P V)
 // so the exponentials of tile t run while the tensor cores still multiply tile t - 1.
 // Scheduling (session 10): the grid is one-dimensional, query tiles heaviest first (the late
 // ones of a causal mask) across groups of 8 (sequence, head) pairs, so the last blocks to start
@@ -28,6 +29,43 @@
 // with no L2 reuse); a producer warp with TMA and mbarriers instead of cp.async by every
 // thread and a __syncthreads a tile (the next step for D = 64, whose softmax shares the SM
 // with the products the most).
+//
+// Session 11: that overlap was not happening. In the SASS of session 10's kernel (cuobjdump
+// -sass of an sm_90a build) the wait for P_{t-1} V_{t-1} (WARPGROUP.DEPBAR.LE gsb0, 0x0) sat at
+// the top of the softmax, before the first FMNMX: ptxas schedules the wait freely inside its
+// basic block, and P_t was packed into a second fragment set that it gave the registers of
+// P_{t-1} (the set the product still read). Now the wait sits after the rescale branch (a block
+// boundary) and P_t is packed after it; the SASS then shows all 34 MUFU.EX2 of a tile (32
+// scores, 2 rescale factors) before the wait. Also: the mask of a partly visible tile as a
+// per-row key interval (compares and a select; visible()'s early returns put a branch around
+// every element: 132 BSSY in the kernel, now 35), and smem derived from smem_raw by an offset
+// (the forward had no generic LD / ST; the change dropped the loop's generic-to-shared
+// conversions, 21 S2UR -> 5, ~60 instructions).
+// H100 (NVIDIA H100 80GB HBM3, device tool), bf16, forward TFLOP/s:
+// - library, .ci/gpu_verify.sh (SKIP_PIP=1 NVTE_CUDA_ARCHS=90a, test_attention_kernels.py +
+//   test_attention.py: 304 passed; C API attention tests 4/4), then python3
+//   benchmarks/bench_attention.py --quick --filter kernels in the same build, ours / SDPA cuDNN
+//   in the same run (the first of two such calls in brackets):
+//     4x32x4096x128   full 407 / 620 = 0.66 (0.65)   causal 366 / 608 = 0.60 (373 / 602 = 0.62)
+//     8x16x2048x64    full 285 / 460 = 0.62 (0.62)   causal 258 / 377 = 0.68 (0.69)
+//     1x32x16384x128  full 409 / 637 = 0.64 (0.66)   causal 433 / 588 = 0.74 (0.72)
+//   (a run of session 10's kernel before this change, full / causal: 400 / 367, 269 / 234,
+//   396 / 415, i.e. 0.61 / 0.61, 0.59 / 0.62, 0.63 / 0.71)
+// - the kernel alone (a scratch harness built from the same sources, medians of three rounds,
+//   run in the second call before the library build), session 10's file -> this one, SDPA
+//   cuDNN's forward in brackets: 4x32x4096x128 full 349 -> 403 (667), causal 361 -> 353 (609;
+//   rounds 342-366 against 345-378: no change); 8x16x2048x64 294 -> 302 (464), 234 -> 251
+//   (373); 1x32x16384x128 416 -> 424 (612), 394 -> 409 (600). Variants in that run, not
+//   taken (the bar: +2% in every row of the head dim; full / causal at 4x32x4096, 1x32x16384
+//   or 8x16x2048): three K / V stages (STAGES = 3) D = 128 407 / 364, 422 / 427 (worst row
+//   -0.5%, the causal rows +3-4%: the next candidate for D = 128 causal, not yet through the
+//   library tests), D = 64 295 / 247; turns D = 128 398 / 366, 407 / 421, D = 64 301 / 250;
+//   D = 128 as 2 warpgroups x 128 keys 353 / 332, 371 / 372, with turns 368 / 358, 392 / 396.
+//   The backward's other lead, straight-line exponentials for unmasked tiles, was already the
+//   forward's form (the mask is a separate pass before one exponential loop).
+// Likely the next limit (not measured): every tile ends in a __syncthreads of all warpgroups
+// (the copies by every thread), so their softmaxes line up instead of overlapping each other's
+// products; a producer warp with mbarriers (as in the backward) would let them drift.
 #include "attention/portable_wgmma.cuh"
 #include "util/error.h"
 
@@ -38,9 +76,13 @@ namespace portable {
 #if TE_HAS_MMA_SYNC
 namespace {
 
-template <int D, int WARPGROUPS_, int BK_, bool TAKE_TURNS_, int MIN_BLOCKS_ = 1>
+template <int D, int WARPGROUPS_, int BK_, bool TAKE_TURNS_, int MIN_BLOCKS_ = 1, int STAGES_ = 2>
 struct WgmmaFwdShapeOf {
   static constexpr int WARPGROUPS = WARPGROUPS_, BQ = 64 * WARPGROUPS, BK = BK_;
+  // shared-memory stages of K and V each: the copies of K_{t + STAGES - 1} and V_{t + STAGES - 2}
+  // start at key tile t
+  static constexpr int STAGES = STAGES_;
+  static_assert(STAGES == 2 || STAGES == 3, "two or three K / V stages");
   // blocks an SM (registers: 65536 / (NT MIN_BLOCKS) per thread at most)
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
   // query tiles are handed out heaviest first across groups of this many (sequence, head)
@@ -56,8 +98,8 @@ struct WgmmaFwdShapeOf {
   static constexpr size_t kTileK = size_t(BK) * D * 2;
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(BQ) * D * 2;
-  static constexpr size_t kV = kK + 2 * kTileK;
-  static constexpr size_t kBytes = kV + 2 * kTileK;
+  static constexpr size_t kV = kK + STAGES * kTileK;
+  static constexpr size_t kBytes = kV + STAGES * kTileK;
   static constexpr size_t kAlign = 1024;  // requested past the dynamic-smem base, see kernel
   // V as the MN-major B operand of P V (portable_wgmma.cuh): 64-column blocks BK rows apart,
   // 8-row atoms 1024 bytes apart
@@ -66,38 +108,48 @@ struct WgmmaFwdShapeOf {
 // Shapes, measured on an H100 (bf16, TFLOP/s, full / causal; D = 128 at 4x32x4096 and
 // 1x32x16384, D = 64 at 8x16x2048):
 //   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns, one block an SM: 64-key S tiles
-//            keep O, S, P and the next P within 168 registers (2 x 128 keys with turns:
-//            366 / 342, 383 / 380 against 391 / 360, 412 / 404; turns with 3 x 64 were slower
-//            in session 9 too).
+//            keep O, S and P within 168 registers (2 x 128 keys with turns: 366 / 342,
+//            383 / 380 against 391 / 360, 412 / 404; turns with 3 x 64 were slower in session 9
+//            too; session 11, with the softmax overlapping P V, see the header: still so).
 //   D = 64:  2 warpgroups, 64-key tiles, two blocks an SM (128 registers): 286 / 236 against
 //            255 / 203 for one block of 2 x 128 keys with turns (session 9's shape) and
 //            254 / 203 for 4 x 64 with turns; the two blocks never wait for each other, so one
 //            block's load waits, __syncthreads and prologue overlap the other's products
 //            (the same 2 x 64 x 2 blocks with turns: 282 / 232; one warpgroup a block, 4 blocks
 //            of 64 keys: 256 / 217; 2 blocks of 128 keys: 230 / 189).
+using WgmmaFwdShape128 = WgmmaFwdShapeOf<128, 3, 64, false, 1, 2>;
+using WgmmaFwdShape64 = WgmmaFwdShapeOf<64, 2, 64, false, 2, 2>;
 template <int D>
-using WgmmaFwdShape = typename std::conditional<D == 128, WgmmaFwdShapeOf<128, 3, 64, false>,
-                                                WgmmaFwdShapeOf<64, 2, 64, false, 2>>::type;
+using WgmmaFwdShape = typename std::conditional<D == 128, WgmmaFwdShape128, WgmmaFwdShape64>::type;
 
 // Online softmax of one warp's [16 x BK] rows of S (raw Q K^T) for key tile k0: masks what the
 // rows cannot see, updates the running row max m (log2 domain, scaled) and the thread's partial
-// row sum l, packs P = exp2(S scale_log2 - m) into A fragments and returns the factor alpha by
-// which the previous O rows shrink.
+// row sum l, overwrites s with P = exp2(S scale_log2 - m) (fp32) and returns the factor alpha by
+// which the previous O rows shrink. The caller packs P into A fragments (pack_p) only once the
+// previous P V product, which reads the A fragments, is done.
 template <typename T, int BK>
-__device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], uint32_t (&p)[BK / 16][4],
-                                             float (&m_row)[2], float (&l_row)[2],
-                                             float (&alpha)[2], const KernelArgs& a,
-                                             const SeqGeom& geo, int off, int row0, int k0,
-                                             int lane) {
+__device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], float (&m_row)[2],
+                                             float (&l_row)[2], float (&alpha)[2],
+                                             const KernelArgs& a, const SeqGeom& geo, int off,
+                                             int row0, int k0, int lane) {
   constexpr int SN = BK / 8;
   const int g = lane / 4, quad = lane % 4;
   if (!tc::tile_all_visible(a, off, row0, row0 + 16, k0, k0 + BK, geo.lk)) {
+    // visible() as one key interval [j_lo, j_hi] per row, so that each element is two compares
+    // and a select (visible()'s early returns compiled each element into a branch)
+    int j_lo[2], j_hi[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + g + 8 * r;
+      j_lo[r] = a.left >= 0 ? i + off - a.left : 0;
+      j_hi[r] = i >= geo.lq ? -1 : a.right >= 0 ? min(geo.lk - 1, i + off + a.right) : geo.lk - 1;
+    }
 #pragma unroll
     for (int n = 0; n < SN; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = row0 + g + 8 * (e / 2), j = k0 + n * 8 + 2 * quad + (e % 2);
-        if (!visible(a, off, i, j, geo.lq, geo.lk)) s[4 * n + e] = kNegInf;
+        const int j = k0 + n * 8 + 2 * quad + (e % 2);
+        if (j < j_lo[e / 2] || j > j_hi[e / 2]) s[4 * n + e] = kNegInf;
       }
   }
 #pragma unroll
@@ -124,7 +176,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], uint32_t (&p)[B
     }
     l_row[r] = l_row[r] * alpha[r] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
   }
-  tc::pack_a<T, BK>(p, reinterpret_cast<const float(&)[SN][4]>(s));
+}
+
+template <typename T, int BK>
+__device__ __forceinline__ void pack_p(uint32_t (&p)[BK / 16][4], const float (&s)[BK / 2]) {
+  tc::pack_a<T, BK>(p, reinterpret_cast<const float(&)[BK / 8][4]>(s));
 }
 
 template <typename T, int D, typename Shape>
@@ -133,11 +189,12 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   constexpr int BQ = Shape::BQ, BK = Shape::BK, NT = Shape::NT;
   constexpr int KSTEPS = D / 16, PSTEPS = BK / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // the swizzle atoms need 1024-byte alignment; the launch asks for kAlign bytes of slack
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + Shape::kAlign - 1) & ~uintptr_t(Shape::kAlign - 1));
+  // the swizzle atoms need 1024-byte alignment; the launch asks for kAlign bytes of slack. An
+  // offset from smem_raw (not an aligned integer cast back): the compiler then knows every
+  // pointer below is shared memory and converts none back from a generic address in the loop
+  unsigned char* smem =
+      smem_raw + (Shape::kAlign - mma_sync::smem_addr(smem_raw) % Shape::kAlign) % Shape::kAlign;
   T* q_s = reinterpret_cast<T*>(smem + Shape::kQ);
-  T* k_s = reinterpret_cast<T*>(smem + Shape::kK);
   auto k_stage = [&](int st) { return smem + Shape::kK + st * Shape::kTileK; };
   auto v_stage = [&](int st) { return smem + Shape::kV + st * Shape::kTileK; };
 
@@ -177,10 +234,25 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     my_tiles = wg_lo >= geo.lq || hi_w <= k_first ? 0 : min(tiles, (hi_w - k_first + BK - 1) / BK);
   }
 
+  constexpr int STAGES = Shape::STAGES;
+  auto load_k = [&](int t) {
+    wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(k_stage(t % STAGES)), kg,
+                                            a.kv_tok_stride, k_first + t * BK, geo.lk);
+  };
+  auto load_v = [&](int t) {
+    wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(v_stage(t % STAGES)), vg,
+                                            a.kv_tok_stride, k_first + t * BK, geo.lk);
+  };
+  // STAGES - 1 commit groups ahead of the loop: Q with K_0, then (three stages) K_1 with V_0
   wgmma::load_tile_swizzled<T, BQ, D, NT>(q_s, qg, a.q_tok_stride, q0, geo.lq);
-  if (tiles > 0)
-    wgmma::load_tile_swizzled<T, BK, D, NT>(k_s, kg, a.kv_tok_stride, k_first, geo.lk);
+  if (tiles > 0) load_k(0);
   mma_sync::cp_async_commit();
+#pragma unroll
+  for (int u = 1; u < STAGES - 1; ++u) {
+    if (u < tiles) load_k(u);
+    if (u - 1 < tiles) load_v(u - 1);
+    mma_sync::cp_async_commit();
+  }
 
   // this warpgroup's Q rows: column block c of D / 64 at q_s + c BQ 128 + wg 64 128 bytes
   const unsigned char* q_wg = smem + Shape::kQ + wg * 64 * wgmma::kRowBytes;
@@ -209,18 +281,15 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.f, 0.f}, alpha[2];
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query row
 
-  // Copies of tile t: waits for K_t and V_{t-1} (issued one tile earlier), then starts
-  // K_{t+1} and V_t into the stages that K_{t-1} and V_{t-2} held.
+  // Copies of tile t: waits for K_t and V_{t-1} (one commit group a tile, the latest one may
+  // stay in flight with three stages), then starts K_{t+STAGES-1} and V_{t+STAGES-2} into the
+  // stages that K_{t-1} and V_{t-2} held.
   auto next_copies = [&](int t) {
-    const int k0 = k_first + t * BK;
-    mma_sync::cp_async_wait<0>();  // this thread's copies landed
+    mma_sync::cp_async_wait<STAGES - 2>();  // this thread's copies of K_t and V_{t-1} landed
     wgmma::fence_async_shared();
     __syncthreads();  // ... every thread's; every warpgroup is done with K_{t-1} and V_{t-2}
-    if (t + 1 < tiles)
-      wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(k_stage((t + 1) % 2)), kg,
-                                              a.kv_tok_stride, k0 + BK, geo.lk);
-    wgmma::load_tile_swizzled<T, BK, D, NT>(reinterpret_cast<T*>(v_stage(t % 2)), vg,
-                                            a.kv_tok_stride, k0, geo.lk);
+    if (t + STAGES - 1 < tiles) load_k(t + STAGES - 1);
+    if (t + STAGES - 2 < tiles) load_v(t + STAGES - 2);
     mma_sync::cp_async_commit();
   };
   // The first tile apart and no branch around the products in the loop: ptxas tracks which
@@ -245,7 +314,8 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
       pass_turn();
       wgmma::wait<0>();
       wgmma::pin(s);
-      softmax_tile<T, BK>(s, p, m_row, l_row, alpha, a, geo, off, row0, k_first, lane);
+      softmax_tile<T, BK>(s, m_row, l_row, alpha, a, geo, off, row0, k_first, lane);
+      pack_p<T, BK>(p, s);
     } else {
       pass_turn();
     }
@@ -255,22 +325,23 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     take_turn();
     if (t < my_tiles) {
       wgmma::fence();
-      qk_product(s, t % 2);
+      qk_product(s, t % STAGES);
       wgmma::commit();
-      pv_product(o, p, (t - 1) % 2);
+      pv_product(o, p, (t - 1) % STAGES);
       wgmma::commit();
       pass_turn();
       wgmma::wait<1>();  // S_t done; P_{t-1} V_{t-1} may still run
       wgmma::pin(s);
-      uint32_t p_next[PSTEPS][4];
-      softmax_tile<T, BK>(s, p_next, m_row, l_row, alpha, a, geo, off, row0, k_first + t * BK,
-                          lane);
-      wgmma::wait<0>();
-      wgmma::pin(o);
-      wgmma::pin(p);
+      softmax_tile<T, BK>(s, m_row, l_row, alpha, a, geo, off, row0, k_first + t * BK, lane);
+      // The wait for P_{t-1} V_{t-1} sits in the blocks after the branch below, not in the
+      // softmax's block: there ptxas scheduled it to the top, before the first max (SASS:
+      // WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of every MUFU.EX2), so the exponentials never
+      // overlapped the P V product. A block boundary is what keeps it after them.
       // alpha is exactly 1 where the row max did not move (most tiles after the first few):
       // the warp skips the multiply then (also keeps ptxas from serialising the products, C7513)
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        wgmma::wait<0>();
+        wgmma::pin(o);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           o[4 * n] *= alpha[0];
@@ -279,15 +350,17 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
           o[4 * n + 3] *= alpha[1];
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < PSTEPS; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
+      wgmma::wait<0>();  // (nothing left to wait for where the branch above was taken)
+      wgmma::pin(o);
+      // P_t into the A fragments only now that P_{t-1} V_{t-1}, which reads them, is done:
+      // packed inside the softmax into a second set that was copied over afterwards, ptxas gave
+      // both sets the same registers (a write to them also pulls the wait up)
+      pack_p<T, BK>(p, s);
     } else {
       pass_turn();
       if (t == my_tiles) {  // this warpgroup's last P V; its later tiles are all masked
         wgmma::fence();
-        pv_product(o, p, (t - 1) % 2);
+        pv_product(o, p, (t - 1) % STAGES);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::pin(o);
@@ -301,7 +374,7 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     __syncthreads();
     if (my_tiles == tiles) {
       wgmma::fence();
-      pv_product(o, p, (tiles - 1) % 2);
+      pv_product(o, p, (tiles - 1) % STAGES);
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::pin(o);
