@@ -4,7 +4,8 @@
 //
 // One block per (BQ = 64 WARPGROUPS query rows, query head, sequence); warpgroup w owns rows
 // 64 w .. 64 w + 63. The Q tile stays in shared memory; K and V tiles of BK rows stream through
-// STAGES (2) shared-memory stages each (cp.async by every thread, one commit group per tile).
+// STAGES shared-memory stages each (3 at D = 128, 2 at D = 64; cp.async by every thread, one
+// commit group per tile).
 // Per key tile t and warpgroup, software-pipelined so that the softmax overlaps a product:
 //   issue S_t = Q K_t^T and O += P_{t-1} V_{t-1}   (asynchronous, in this order)
 //   wait for S_t; online softmax of S_t in fp32 registers, the row maxima's rescale factor
@@ -63,6 +64,13 @@
 //   D = 128 as 2 warpgroups x 128 keys 353 / 332, 371 / 372, with turns 368 / 358, 392 / 396.
 //   The backward's other lead, straight-line exponentials for unmasked tiles, was already the
 //   forward's form (the mask is a separate pass before one exponential loop).
+// Then taken (session 11, coordinator): three K / V stages at D = 128 (144 KiB of shared memory,
+// still one block an SM; 156 registers, no spills). Library build with it, same H100, after
+// test_attention_kernels.py + test_attention.py (304 passed) and the C API tests (35/35) in the
+// same call, bench_attention.py --quick --filter kernels, ours / SDPA cuDNN: 4x32x4096x128 full
+// 408 / 646 = 0.63, causal 379 / 603 = 0.63 (was 366-373, 0.60-0.62); 1x32x16384x128 full
+// 402 / 635 = 0.63, causal 427 / 585 = 0.73; 8x16x2048x64 (unchanged, 2 stages) 278 / 450 =
+// 0.62, 258 / 370 = 0.70.
 // Likely the next limit (not measured): every tile ends in a __syncthreads of all warpgroups
 // (the copies by every thread), so their softmaxes line up instead of overlapping each other's
 // products; a producer warp with mbarriers (as in the backward) would let them drift.
@@ -117,7 +125,7 @@ struct WgmmaFwdShapeOf {
 //            block's load waits, __syncthreads and prologue overlap the other's products
 //            (the same 2 x 64 x 2 blocks with turns: 282 / 232; one warpgroup a block, 4 blocks
 //            of 64 keys: 256 / 217; 2 blocks of 128 keys: 230 / 189).
-using WgmmaFwdShape128 = WgmmaFwdShapeOf<128, 3, 64, false, 1, 2>;
+using WgmmaFwdShape128 = WgmmaFwdShapeOf<128, 3, 64, false, 1, 3>;
 using WgmmaFwdShape64 = WgmmaFwdShapeOf<64, 2, 64, false, 2, 2>;
 template <int D>
 using WgmmaFwdShape = typename std::conditional<D == 128, WgmmaFwdShape128, WgmmaFwdShape64>::type;
