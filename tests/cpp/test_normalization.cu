@@ -194,6 +194,76 @@ TE_TEST(normalization_fp8_output_within_one_step) {
   TE_EXPECT(scale_inv.download()[0] == 1.f / scale_v, "scale_inv");
 }
 
+// The *_bwd_residual variants: dx = (plain backward) + dresidual, rounded once; the weight
+// gradients bit for bit those of the plain call; dresidual may be dx itself.
+TE_TEST(normalization_backward_adds_residual_gradient) {
+  const int64_t shapes[][2] = {{37, 23}, {64, 768}, {5, 16384}, {3, 1001}};
+  unsigned seed = 41;
+  for (auto& s : shapes) {
+    for (int rms = 0; rms < 2; ++rms) {
+      const int64_t rows = s[0], cols = s[1];
+      const size_t n = size_t(rows * cols);
+      std::vector<float> x = random_floats(n, seed, 2.f), dz = random_floats(n, seed + 1);
+      std::vector<float> dr = random_floats(n, seed + 2, 3.f), g = random_floats(cols, seed + 3);
+      std::vector<float> b = random_floats(cols, seed + 4);
+      seed += 5;
+      auto xb = to_bf16(x), dzb = to_bf16(dz), drb = to_bf16(dr);
+      DeviceBuffer<__nv_bfloat16> dx_in(xb), ddz(dzb), dres(drb), z(n), dx_plain(n), dx_res(drb);
+      DeviceBuffer<float> dg(g), db_in(b), mu(rows), rs(rows), dg1(cols), db1(cols), dg2(cols),
+          db2(cols);
+      NVTETensor tx = desc(dx_in.ptr, {rows, cols}, kNVTEBFloat16);
+      NVTETensor tg = desc(dg.ptr, {cols}, kNVTEFloat32), tb = desc(db_in.ptr, {cols}, kNVTEFloat32);
+      NVTETensor tz = desc(z.ptr, {rows, cols}, kNVTEBFloat16);
+      NVTETensor tmu = desc(mu.ptr, {rows}, kNVTEFloat32), trs = desc(rs.ptr, {rows}, kNVTEFloat32);
+      TE_EXPECT((rms ? nvte_rmsnorm_fwd(&tx, &tg, 1e-5f, 0, &tz, &trs, nullptr)
+                     : nvte_layernorm_fwd(&tx, &tg, &tb, 1e-5f, 0, &tz, &tmu, &trs, nullptr)) ==
+                    kNVTESuccess, "%s", nvte_last_error_message());
+      NVTETensor tdz = desc(ddz.ptr, {rows, cols}, kNVTEBFloat16);
+      NVTETensor tres = desc(dres.ptr, {rows, cols}, kNVTEBFloat16);
+      NVTETensor tdx1 = desc(dx_plain.ptr, {rows, cols}, kNVTEBFloat16);
+      NVTETensor tdx2 = desc(dx_res.ptr, {rows, cols}, kNVTEBFloat16);  // in place: dresidual too
+      NVTETensor tres2 = tdx2;
+      NVTETensor tdg1 = desc(dg1.ptr, {cols}, kNVTEFloat32), tdb1 = desc(db1.ptr, {cols}, kNVTEFloat32);
+      NVTETensor tdg2 = desc(dg2.ptr, {cols}, kNVTEFloat32), tdb2 = desc(db2.ptr, {cols}, kNVTEFloat32);
+      NVTETensor ws = desc(nullptr, {0}, kNVTEByte);
+      auto plain = [&]() {
+        return rms ? nvte_rmsnorm_bwd(&tdz, &tx, &trs, &tg, 0, &tdx1, &tdg1, &ws, nullptr)
+                   : nvte_layernorm_bwd(&tdz, &tx, &tmu, &trs, &tg, 0, &tdx1, &tdg1, &tdb1, &ws,
+                                        nullptr);
+      };
+      auto fused = [&](NVTETensor* r) {
+        return rms ? nvte_rmsnorm_bwd_residual(&tdz, &tx, &trs, &tg, 0, r, &tdx2, &tdg2, &ws,
+                                               nullptr)
+                   : nvte_layernorm_bwd_residual(&tdz, &tx, &tmu, &trs, &tg, 0, r, &tdx2, &tdg2,
+                                                 &tdb2, &ws, nullptr);
+      };
+      TE_EXPECT(plain() == kNVTESuccess, "query: %s", nvte_last_error_message());
+      DeviceBuffer<uint8_t> wsbuf(size_t(ws.shape[0]));
+      ws.data = wsbuf.ptr;
+      TE_EXPECT(plain() == kNVTESuccess, "%s", nvte_last_error_message());
+      TE_EXPECT(fused(&tres2) == kNVTESuccess, "%s", nvte_last_error_message());
+      TE_EXPECT(cuda_ok(), "sync");
+      auto d1 = dx_plain.download(), d2 = dx_res.download();
+      int bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double want = double(__bfloat162float(d1[i])) + double(__bfloat162float(drb[i]));
+        // the plain dx was rounded once before the add: half a bf16 step of it, then one more
+        bad += !near(__bfloat162float(d2[i]), want, 1.2e-2, 1e-2 * std::fabs(__bfloat162float(d1[i])) + 1e-3);
+      }
+      auto g1 = dg1.download(), g2 = dg2.download(), b1 = db1.download(), b2 = db2.download();
+      int diff_w = 0;
+      for (int64_t c = 0; c < cols; ++c) diff_w += g1[c] != g2[c] || (!rms && b1[c] != b2[c]);
+      TE_EXPECT(bad == 0 && diff_w == 0, "%s %lld x %lld: %d dx mismatches, %d weight-grad diffs",
+                rms ? "rmsnorm" : "layernorm", (long long)rows, (long long)cols, bad, diff_w);
+      NVTETensor short_res = desc(dres.ptr, {rows, cols - 1}, kNVTEBFloat16);
+      TE_EXPECT(fused(&short_res) == kNVTEInvalidArgument, "short dresidual accepted");
+      TE_EXPECT(std::strstr(nvte_last_error_message(), "dresidual has shape") != nullptr, "%s",
+                nvte_last_error_message());
+      TE_EXPECT(fused(nullptr) == kNVTEInvalidArgument, "null dresidual accepted");
+    }
+  }
+}
+
 TE_TEST(normalization_bad_input_returns_status) {
   DeviceBuffer<float> x(64), g(8), z(64);
   NVTETensor tx = desc(x.ptr, {4, 16}, kNVTEFloat32), tg = desc(g.ptr, {8}, kNVTEFloat32);

@@ -383,6 +383,44 @@ def test_drop_path_and_hidden_dropout_are_training_only():
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
+@pytest.mark.parametrize("layer_type", ["encoder", "decoder"])
+def test_residual_adds_ride_the_gemms(device, dtype, layer_type, monkeypatch):
+    """Pre-norm with nothing on the branches (no dropout, no drop-path): the residual adds are
+    done by the output GEMMs (no separate add: _drop_add is never called) and the result is the
+    separate adds' within rounding; with dropout or the post-norm residual the adds stay."""
+    torch.manual_seed(0)
+    kw = dict(hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype, device=device,
+              layer_type=layer_type)
+    layer = te.TransformerLayer(64, 128, 4, **kw)
+    _randomise(layer, 5, False)
+    x = randn((9, 2, 64), dtype, device, 6).requires_grad_()
+    enc = randn((5, 2, 64), dtype, device, 7) if layer_type == "decoder" else None
+    grad = randn((9, 2, 64), dtype, device, 8)
+    params = [p for _, p in layer.named_parameters()]
+
+    def step():
+        out = layer(x, encoder_output=enc)
+        return (out,) + torch.autograd.grad(out, [x] + params, grad)
+
+    calls = []
+    real_drop_add = te.TransformerLayer._drop_add
+    monkeypatch.setattr(te.TransformerLayer, "_drop_add",
+                        lambda self, a, r: calls.append(1) or real_drop_add(self, a, r))
+    fused = step()
+    assert not calls, "a residual add ran outside the GEMMs"
+    monkeypatch.setattr(te.TransformerLayer, "_residual_in_gemms", lambda self: False)
+    separate = step()
+    assert len(calls) == (3 if layer_type == "decoder" else 2)
+    for i, (got, want) in enumerate(zip(fused, separate)):
+        close(got, want, dtype, 4 if dtype == torch.float32 else 8)
+    monkeypatch.undo()
+    assert te.TransformerLayer(64, 128, 4, **dict(kw, hidden_dropout=0.1))._residual_in_gemms() is False
+    post = te.TransformerLayer(64, 128, 4, apply_residual_connection_post_layernorm=True, **kw)
+    assert post._residual_in_gemms() is False
+    assert layer.eval()._residual_in_gemms() is True
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
 def test_thd_layer_equals_padded_bshd(device, dtype):
     """Packed sequences (thd + cu_seqlens, RoPE per sequence) give the same tokens as the padded
     bshd batch with a padding_causal mask."""

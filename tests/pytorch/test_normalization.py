@@ -166,6 +166,38 @@ def test_backward_matches_autograd(device, zcg, rms, dtypes, shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtypes", DTYPES, ids=lambda d: f"{dname(d[0])}-{dname(d[1])}")
+@pytest.mark.parametrize("shape", [(1, 37), (37, 1001), (33, 1000), (16, 4096), (4, 16384),
+                                   (2, 40000)], ids=lambda s: "x".join(map(str, s)))
+def test_backward_adds_residual_gradient(device, rms, dtypes, shape):
+    """dresidual is added into dx before the one rounding; the weight gradients are those of the
+    plain backward, bit for bit (the same reductions)."""
+    x, gamma, beta = make_inputs(shape, *dtypes, device, seed=sum(shape) + 3)
+    dz = randn(shape, dtypes[0], device, seed=6)
+    dres = randn(shape, dtypes[0], device, seed=7, scale=3.0)
+    res = forward(rms, x, gamma, beta, False)
+    if rms:
+        plain = ops.rmsnorm_bwd(dz, x, res.rsigma, gamma)
+        fused = ops.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=dres)
+    else:
+        plain = ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma)
+        fused = ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=dres)
+    for got, want in zip(fused[1:], plain[1:]):
+        assert torch.equal(got, want)
+    want_dx = autograd_oracle(rms, x, gamma, beta, dz, False)[0] + dres.cpu().double()
+    t = tols(x.dtype)
+    scale = max(dz.float().abs().max().item() * gamma.float().abs().max().item(), 1.0)
+    torch.testing.assert_close(fused[0].cpu().double(), want_dx.to(x.dtype).double(),
+                               rtol=t["rtol"], atol=t["atol"] + 2e-6 * scale)
+    with pytest.raises(ValueError, match="dresidual has shape"):
+        if rms:
+            ops.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
+        else:
+            ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 def test_autograd_functions(device, rms):
     x, gamma, beta = make_inputs((6, 7, 96), torch.bfloat16, torch.float32, device, seed=9)
     dz = randn(x.shape, torch.bfloat16, device, seed=10)

@@ -234,6 +234,81 @@ def test_module_matches_reference(device, module, case):
 
 
 # ---------------------------------------------------------------------------------------------
+# Residual connections in the GEMM (TransformerLayer's internal _residual / _add_input)
+# ---------------------------------------------------------------------------------------------
+
+def _residual_step(m, module, x, r, dy, recipe_name, fused, steps):
+    """out and the gradients of `r + m(x)` (Linear) or `x + m(x)` (LayerNormMLP), fused into the
+    module's GEMM or added after it; delayed scaling runs `steps` steps to fill its history."""
+    for _ in range(steps):
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        if r is not None:
+            r.grad = None
+        with autocast(recipe_name):
+            if module == "Linear":
+                out = m(x, _residual=r) if fused else r + m(x)
+            else:
+                out = m(x, _add_input=True) if fused else x + m(x)
+        out.backward(dy)
+    grads = _module_grads(m, x)
+    if r is not None:
+        grads["residual"] = r.grad
+    return out, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", ["Linear", "LayerNormMLP"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("recipe_name", ["none", "delayed", "current"])
+def test_residual_in_gemm_matches_separate_add(device, module, dtype, recipe_name):
+    """The residual added by the GEMM (its C operand; LayerNormMLP's gradient by the norm
+    backward) gives the separate add's output and gradients: one rounding fewer, so within the
+    dtype's tolerance (FP8: the same FP8 operands, so high-precision tolerances still apply)."""
+    if recipe_name != "none" and device == "cpu":
+        pytest.skip("FP8 GEMMs need the native GPU build")
+    shape = SHAPES["small"]
+    torch.manual_seed(7)
+    fused_m = make_module(module, shape, dtype, device)
+    _randomise_norm_params(fused_m)
+    plain_m = copy.deepcopy(fused_m)
+    out_features = shape.ffn if module == "Linear" else shape.hidden
+    x = randn((shape.batch, shape.seq, shape.hidden), dtype, device, seed=31).requires_grad_()
+    r = (randn((shape.batch, shape.seq, out_features), dtype, device, seed=32, scale=4.0)
+         .requires_grad_() if module == "Linear" else None)
+    dy = randn((shape.batch, shape.seq, out_features), dtype, device, seed=33)
+    steps = 3 if recipe_name == "delayed" else 1
+    out, grads = _residual_step(fused_m, module, x, r, dy, recipe_name, True, steps)
+    want, want_grads = _residual_step(plain_m, module, x, r, dy, recipe_name, False, steps)
+    assert out.dtype == want.dtype == dtype
+    assert_close_hp(out, want, dtype, f"{module} output with the residual")
+    for n, g in want_grads.items():
+        assert grads[n] is not None, f"{module}: no gradient for {n}"
+        assert_close_hp(grads[n], g, dtype, f"{module} grad of {n} with the residual")
+    if r is not None:  # the residual's gradient is the output's, passed through
+        assert torch.equal(grads["residual"], dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_in_gemm_keeps_type_promotion_and_refuses_what_it_cannot_fuse(device):
+    shape = SHAPES["small"]
+    lin = make_module("Linear", shape, torch.bfloat16, device)
+    x = randn((shape.batch, shape.seq, shape.hidden), torch.bfloat16, device, seed=1)
+    r32 = randn((shape.batch, shape.seq, shape.ffn), torch.float32, device, seed=2)
+    out = lin(x, _residual=r32)  # fp32 residual + bf16 output: torch's promotion, added after
+    assert out.dtype == torch.float32
+    assert_close_hp(out, r32 + lin(x), torch.bfloat16, "Linear output with an fp32 residual")
+    with pytest.raises(ValueError, match="Linear: _residual needs"):
+        lin(x, _residual=r32[:, :1])
+    biased = make_module("Linear", shape, torch.bfloat16, device, return_bias=True)
+    with pytest.raises(ValueError, match="Linear: _residual needs"):
+        biased(x, _residual=r32.bfloat16())
+    mlp = make_module("LayerNormMLP", shape, torch.bfloat16, device, return_layernorm_output=True)
+    with pytest.raises(ValueError, match="LayerNormMLP: _add_input needs"):
+        mlp(x, _add_input=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # te.checkpoint vs plain: bit-exact
 # ---------------------------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ un-normalised and a final norm is applied to the block's output:
 h = x + drop(attn(x)); out = LN_out(LN(h) + drop(mlp(LN(h)))).
 parallel_attention_mlp (Falcon/GPT-J): out = x + drop(attn(LN1(x)) + mlp(LN2(x))).
 drop(.) is dropout (hidden_dropout) then drop-path (stochastic depth, per sample, drop_path_rate).
+Where drop(.) is the identity (eval, or both rates 0) and the residual is the block input, the
+residual adds ride the output GEMMs (attention projection, FC2: their C operand) and FC2's
+residual gradient rides the second norm's backward, so the connections cost no add kernels.
 """
 from __future__ import annotations
 
@@ -121,6 +124,15 @@ class TransformerLayer(torch.nn.Module):
             x = _drop_path(x, self.drop_path_rate, True, 1 if self.attn_input_format == "sbhd" else 0)
         return residual + x
 
+    def _residual_in_gemms(self) -> bool:
+        """Whether the residual adds can ride the output GEMMs (attention projection, FC2): only
+        when nothing acts on a branch between its GEMM and the add (dropout, drop-path) and the
+        residual is the block input (pre-norm)."""
+        if self.post_ln_residual or self.parallel_attention_mlp:
+            return False
+        return not self.training or (self.hidden_dropout == 0.0 and (
+            self.drop_path_rate == 0.0 or self.attn_input_format == "thd"))
+
     @staticmethod
     def _split(outputs, want_ln_out: bool):
         if want_ln_out:
@@ -137,6 +149,7 @@ class TransformerLayer(torch.nn.Module):
                 core_attention_bias=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                 max_seqlen_q=None, max_seqlen_kv=None, fast_zero_fill: bool = True) -> torch.Tensor:
         want_ln_out = self.post_ln_residual and not self.output_layernorm
+        fused = self._residual_in_gemms()
         attn = self.self_attention(
             hidden_states, attention_mask=attention_mask, attn_mask_type=self_attn_mask_type,
             window_size=window_size, is_first_microbatch=is_first_microbatch,
@@ -144,22 +157,27 @@ class TransformerLayer(torch.nn.Module):
             rotary_pos_emb=rotary_pos_emb, core_attention_bias_type=core_attention_bias_type,
             core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill)
+            max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill,
+            _residual=hidden_states if fused else None)
         attn_out, ln_out = self._split(attn, want_ln_out)
         residual = ln_out if want_ln_out else hidden_states
         if self.parallel_attention_mlp:
             mlp_out, mlp_ln = self._split(self.layernorm_mlp(hidden_states, is_first_microbatch=is_first_microbatch),
                                           self.post_ln_residual)
             return self._drop_add(attn_out + mlp_out, residual)
-        hidden = self._drop_add(attn_out, residual)
+        hidden = attn_out if fused else self._drop_add(attn_out, residual)
         if self.layer_type == "decoder":
             cross = self.inter_attention(
                 hidden, attention_mask=enc_dec_attn_mask, encoder_output=encoder_output,
                 attn_mask_type=enc_dec_attn_mask_type, window_size=enc_dec_window_size,
                 is_first_microbatch=is_first_microbatch,
-                checkpoint_core_attention=checkpoint_core_attention, fast_zero_fill=fast_zero_fill)
+                checkpoint_core_attention=checkpoint_core_attention, fast_zero_fill=fast_zero_fill,
+                _residual=hidden if fused else None)
             cross_out, cross_ln = self._split(cross, want_ln_out)
-            hidden = self._drop_add(cross_out, cross_ln if want_ln_out else hidden)
+            hidden = cross_out if fused else self._drop_add(cross_out, cross_ln if want_ln_out else hidden)
+        if fused and self.layernorm_mlp.residual_in_gemm():
+            out = self.layernorm_mlp(hidden, is_first_microbatch=is_first_microbatch, _add_input=True)
+            return self.layernorm(out) if self.output_layernorm else out
         mlp = self.layernorm_mlp(hidden, is_first_microbatch=is_first_microbatch)
         mlp_out, mlp_ln = self._split(mlp, self.post_ln_residual)
         out = self._drop_add(mlp_out, mlp_ln if self.post_ln_residual else hidden)

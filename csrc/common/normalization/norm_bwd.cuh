@@ -23,6 +23,9 @@ struct BwdArgs {
   const float* rsigma;
   const W* gamma;
   T* dx;
+  // Optional (null: none): the gradient reaching x by another path, a residual connection's,
+  // added into dx in fp32 before the one rounding (saves the separate add's pass over dx).
+  const T* dresidual;
   float* part_gamma;  // [gridDim.x, cols]
   float* part_beta;   // [gridDim.x, cols], null for RMSNorm
   int64_t rows;
@@ -139,6 +142,12 @@ norm_bwd_register_kernel(BwdArgs<T, W> a) {
           const float dy = to_float(dzs[it].v[k]) * (g[k] + a.gamma_shift);
           out[k] = rs * (dy - mean_dy - xhat * mean_dyx);
         }
+        if (a.dresidual != nullptr) {  // uniform across the grid
+          float r[kN];
+          load_floats<T, kN>(a.dresidual + row * cols + c, r);
+#pragma unroll
+          for (int k = 0; k < kN; ++k) out[k] += r[k];
+        }
         store_floats<T, kN>(a.dx + row * cols + c, out);
       }
     }
@@ -198,7 +207,8 @@ __global__ void __launch_bounds__(1024) norm_bwd_general_kernel(BwdArgs<T, W> a)
       const float xhat = (to_float(x[c]) - mu) * rs;
       const float d = to_float(dz[c]);
       const float dy = d * (to_float(a.gamma[c]) + a.gamma_shift);
-      a.dx[row * cols + c] = from_float<T>(rs * (dy - mean_dy - xhat * mean_dyx));
+      const float res = a.dresidual != nullptr ? to_float(a.dresidual[row * cols + c]) : 0.f;
+      a.dx[row * cols + c] = from_float<T>(rs * (dy - mean_dy - xhat * mean_dyx) + res);
       pg[c] += d * xhat;
       if (!kRms) pb[c] += d;
     }
@@ -267,10 +277,12 @@ template <typename T, typename W, bool kRms>
 int64_t run_bwd(const NormBwdParams& p, cudaStream_t stream, bool launch) {
   constexpr int kN = 16 / sizeof(T);
   BwdArgs<T, W> a{static_cast<const T*>(p.dz), static_cast<const T*>(p.x), p.mu, p.rsigma,
-                  static_cast<const W*>(p.gamma), static_cast<T*>(p.dx), nullptr, nullptr,
+                  static_cast<const W*>(p.gamma), static_cast<T*>(p.dx),
+                  static_cast<const T*>(p.dresidual), nullptr, nullptr,
                   p.rows, static_cast<int>(p.cols), 0, p.zero_centered_gamma ? 1.f : 0.f};
   const bool vectorizable = p.cols % kN == 0 && aligned16(p.x) && aligned16(p.dz) &&
-                            aligned16(p.dx) && aligned16(p.gamma);
+                            aligned16(p.dx) && aligned16(p.gamma) &&
+                            (p.dresidual == nullptr || aligned16(p.dresidual));
   RowLayout layout;
   int64_t partials = 1;
   int block = 0;

@@ -36,6 +36,7 @@ struct NormBwdParams {
   const float* rsigma;
   const void* gamma;
   void* dx;
+  const void* dresidual;  // null: none (see nvte_layernorm_bwd_add)
   void* dgamma;
   void* dbeta;      // null for RMSNorm
   float* workspace; // [partials, cols] dgamma partial sums, then the same for dbeta

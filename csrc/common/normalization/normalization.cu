@@ -114,11 +114,12 @@ int64_t run_backward(const NormBwdParams& p, cudaStream_t st, bool launch) {
 
 void backward(const NVTETensor* dz, const NVTETensor* x, const NVTETensor* mu,
               const NVTETensor* rsigma, const NVTETensor* gamma, int zero_centered_gamma,
-              NVTETensor* dx, NVTETensor* dgamma, NVTETensor* dbeta, NVTETensor* workspace,
-              bool rms, NVTEStream stream) {
+              const NVTETensor* dresidual, NVTETensor* dx, NVTETensor* dgamma,
+              NVTETensor* dbeta, NVTETensor* workspace, bool rms, NVTEStream stream) {
   const Shape2d s = check_input(x, "x");
   check_like(dz, "dz", *x, "x");
   check_like(dx, "dx", *x, "x");
+  if (dresidual != nullptr) check_like(dresidual, "dresidual", *x, "x");
   if (!rms) check_stat(mu, "mu", s.rows);
   check_stat(rsigma, "rsigma", s.rows);
   const NVTEDType w_type = weight_type(gamma, *x);
@@ -134,6 +135,7 @@ void backward(const NVTETensor* dz, const NVTETensor* x, const NVTETensor* mu,
   p.rsigma = static_cast<const float*>(rsigma->data);
   p.gamma = gamma->data;
   p.dx = dx->data;
+  p.dresidual = dresidual != nullptr ? dresidual->data : nullptr;
   p.dgamma = dgamma->data;
   p.dbeta = rms ? nullptr : dbeta->data;
   p.rows = s.rows;
@@ -190,8 +192,21 @@ extern "C" NVTEStatus nvte_layernorm_bwd(const NVTETensor* dz, const NVTETensor*
                                          NVTETensor* dx, NVTETensor* dgamma, NVTETensor* dbeta,
                                          NVTETensor* workspace, NVTEStream stream) {
   return guard("nvte_layernorm_bwd", [&] {
-    norm::backward(dz, x, mu, rsigma, gamma, zero_centered_gamma, dx, dgamma, dbeta, workspace,
-                   false, stream);
+    norm::backward(dz, x, mu, rsigma, gamma, zero_centered_gamma, nullptr, dx, dgamma, dbeta,
+                   workspace, false, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_layernorm_bwd_residual(const NVTETensor* dz, const NVTETensor* x,
+                                                  const NVTETensor* mu, const NVTETensor* rsigma,
+                                                  const NVTETensor* gamma, int zero_centered_gamma,
+                                                  const NVTETensor* dresidual, NVTETensor* dx,
+                                                  NVTETensor* dgamma, NVTETensor* dbeta,
+                                                  NVTETensor* workspace, NVTEStream stream) {
+  return guard("nvte_layernorm_bwd_residual", [&] {
+    TE_CHECK_ARG(dresidual != nullptr, "dresidual is a null descriptor");
+    norm::backward(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual, dx, dgamma, dbeta,
+                   workspace, false, stream);
   });
 }
 
@@ -201,7 +216,20 @@ extern "C" NVTEStatus nvte_rmsnorm_bwd(const NVTETensor* dz, const NVTETensor* x
                                        NVTETensor* dgamma, NVTETensor* workspace,
                                        NVTEStream stream) {
   return guard("nvte_rmsnorm_bwd", [&] {
-    norm::backward(dz, x, nullptr, rsigma, gamma, zero_centered_gamma, dx, dgamma, nullptr,
-                   workspace, true, stream);
+    norm::backward(dz, x, nullptr, rsigma, gamma, zero_centered_gamma, nullptr, dx, dgamma,
+                   nullptr, workspace, true, stream);
+  });
+}
+
+extern "C" NVTEStatus nvte_rmsnorm_bwd_residual(const NVTETensor* dz, const NVTETensor* x,
+                                                const NVTETensor* rsigma, const NVTETensor* gamma,
+                                                int zero_centered_gamma,
+                                                const NVTETensor* dresidual, NVTETensor* dx,
+                                                NVTETensor* dgamma, NVTETensor* workspace,
+                                                NVTEStream stream) {
+  return guard("nvte_rmsnorm_bwd_residual", [&] {
+    TE_CHECK_ARG(dresidual != nullptr, "dresidual is a null descriptor");
+    norm::backward(dz, x, nullptr, rsigma, gamma, zero_centered_gamma, dresidual, dx, dgamma,
+                   nullptr, workspace, true, stream);
   });
 }

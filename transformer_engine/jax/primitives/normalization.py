@@ -71,11 +71,11 @@ def _workspace_bytes(dz, x, gamma, zero_centered_gamma, rms):
     if rms:
         return mod.rmsnorm_bwd(q(dz.shape, dz.dtype), q(x.shape, x.dtype), stats,
                                q(gamma.shape, gamma.dtype), bool(zero_centered_gamma),
-                               q(x.shape, x.dtype), q(gamma.shape, gamma.dtype), null_ws, 0)
+                               q(x.shape, x.dtype), q(gamma.shape, gamma.dtype), null_ws, None, 0)
     return mod.layernorm_bwd(q(dz.shape, dz.dtype), q(x.shape, x.dtype), stats, stats,
                              q(gamma.shape, gamma.dtype), bool(zero_centered_gamma),
                              q(x.shape, x.dtype), q(gamma.shape, gamma.dtype),
-                             q(gamma.shape, gamma.dtype), null_ws, 0)
+                             q(gamma.shape, gamma.dtype), null_ws, None, 0)
 
 
 def norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma=False, layernorm_type="layernorm"):

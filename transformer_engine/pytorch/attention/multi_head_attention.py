@@ -160,7 +160,11 @@ class MultiheadAttention(torch.nn.Module):
                 rotary_pos_emb: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
                 core_attention_bias_type: str = "no_bias", core_attention_bias=None, alibi_slopes=None,
                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
-                fast_zero_fill: bool = True):
+                fast_zero_fill: bool = True, *, _residual: Optional[torch.Tensor] = None):
+        # _residual (internal: TransformerLayer's residual connection) is added to the output,
+        # by the projection's GEMM where it can (Linear.residual_in_gemm)
+        if _residual is not None and self.return_bias:
+            raise ValueError(f"{_OP}: _residual cannot be added to an output returned with its bias")
         want = 2 if self.qkv_format == "thd" else 3
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != want \
                 or hidden_states.shape[-1] != self.hidden_size:
@@ -183,7 +187,12 @@ class MultiheadAttention(torch.nn.Module):
             checkpoint_core_attention=checkpoint_core_attention,
             core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill, inference_params=inference_params)
-        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+        if _residual is not None and self.proj.residual_in_gemm(_residual, context):
+            out = self.proj(context, is_first_microbatch=is_first_microbatch, _residual=_residual)
+        else:
+            out = self.proj(context, is_first_microbatch=is_first_microbatch)
+            if _residual is not None:
+                out = _residual + out
         outputs = tuple(out) if self.return_bias else (out,)
         if self.return_layernorm_output:
             outputs = outputs + (ln_out,)

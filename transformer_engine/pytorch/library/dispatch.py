@@ -79,14 +79,15 @@ def norm_fwd(rms: bool, x, gamma, beta, eps, zero_centered_gamma, fp8_dtype=None
     return NormOutput(out, None if rms else mu, rsigma, scale_inv if fp8_dtype is not None else None)
 
 
-def norm_bwd(rms: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma):
-    """(dx, dgamma, dbeta or None)."""
+def norm_bwd(rms: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual=None):
+    """(dx, dgamma, dbeta or None); dresidual: added into dx (ops.layernorm_bwd)."""
     if not _is_compiling():
         if rms:
-            dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
+            dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
             return dx, dgamma, None
-        return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
-    dx, dgamma, dbeta = _te().norm_bwd(dz, x, mu, rsigma, gamma, bool(zero_centered_gamma), rms)
+        return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
+    dx, dgamma, dbeta = _te().norm_bwd(dz, x, mu, rsigma, gamma, bool(zero_centered_gamma), rms,
+                                       dresidual)
     return dx, dgamma, (None if rms else dbeta)
 
 

@@ -120,15 +120,16 @@ def _(x, gamma, beta, eps, zero_centered_gamma, rms, fp8_dtype, scale, amax):
 
 @torch.library.custom_op("te::norm_bwd", mutates_args=())
 def norm_bwd(dz: Tensor, x: Tensor, mu: Optional[Tensor], rsigma: Tensor, gamma: Tensor,
-             zero_centered_gamma: bool, rms: bool) -> Tuple[Tensor, Tensor, Tensor]:
+             zero_centered_gamma: bool, rms: bool, dresidual: Optional[Tensor] = None
+             ) -> Tuple[Tensor, Tensor, Tensor]:
     if rms:
-        dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
+        dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
         return dx, dgamma, _empty(gamma)
-    return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+    return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
 
 
 @norm_bwd.register_fake
-def _(dz, x, mu, rsigma, gamma, zero_centered_gamma, rms):
+def _(dz, x, mu, rsigma, gamma, zero_centered_gamma, rms, dresidual=None):
     return (torch.empty_like(x), torch.empty_like(gamma),
             gamma.new_empty(list(_EMPTY)) if rms else torch.empty_like(gamma))
 

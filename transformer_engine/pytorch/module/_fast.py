@@ -368,8 +368,9 @@ _NORM_BWD_WS: dict = {}
 _NULL_WS = (0, (0,), _CODE[torch.uint8], 0, 0, 0)
 
 
-def norm_bwd(nc, rms, dz, x, mu, rsigma, gamma, zcg):
-    """(dx, dgamma, dbeta or None); the workspace size is asked once per problem and kept."""
+def norm_bwd(nc, rms, dz, x, mu, rsigma, gamma, zcg, dresidual=None):
+    """(dx, dgamma, dbeta or None), dresidual (or None) added into dx; the workspace size is
+    asked once per problem and kept."""
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     dbeta = None if rms else torch.empty_like(gamma)
     if rms:
@@ -382,9 +383,9 @@ def norm_bwd(nc, rms, dz, x, mu, rsigma, gamma, zcg):
     key = (rms, tuple(x.shape), x.dtype, gamma.dtype, x.device)
     nbytes = _NORM_BWD_WS.get(key)
     if nbytes is None:
-        nbytes = _NORM_BWD_WS[key] = fn(*args, _NULL_WS, nc.stream)
+        nbytes = _NORM_BWD_WS[key] = fn(*args, _NULL_WS, None, nc.stream)
     ws = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-    fn(*args, _desc(ws), nc.stream)
+    fn(*args, _desc(ws), _desc(dresidual) if dresidual is not None else None, nc.stream)
     return dx, dgamma, dbeta
 
 

@@ -51,24 +51,25 @@ def _bias_for(bias, dtype):
     return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
 
 
-def fprop_hp(w, x2d, bias=None):
-    """y = x2d @ w.T (+ bias) in high precision: the direct native call in eager mode (no
-    argument checks: the module checked shapes and dtypes), else the checked op."""
+def fprop_hp(w, x2d, bias=None, addend=None):
+    """y = x2d @ w.T (+ bias) (+ addend, a residual of y's shape and dtype, contiguous) in high
+    precision: the direct native call in eager mode (no argument checks: the module checked
+    shapes and dtypes), else the checked op."""
     nc = _direct(x2d) if x2d.shape[0] > 0 and w.dtype == x2d.dtype else None
     if nc is None:
-        return K.general_gemm(w, x2d, layout="TN", bias=bias).out
+        return K.general_gemm(w, x2d, layout="TN", bias=bias, addend=addend).out
     out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
-    return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype))
+    return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
 
 
-def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False):
+def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=None):
     nc = None if gelu else _direct(xq)
     if nc is not None:
         out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
         return GemmOutput(_fast.gemm(nc, wq, True, xq, False, out, w_sinv, x_sinv,
-                                       _bias_for(bias, out_dtype)), None, None)
+                                       _bias_for(bias, out_dtype), addend=addend), None, None)
     return K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
-                            bias=bias, gelu=gelu)
+                            bias=bias, gelu=gelu, addend=addend)
 
 
 def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype):

@@ -74,14 +74,15 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
     return res.out, data, data_t, scale_inv, res.mu, res.rsigma
 
 
-def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg):
-    """(dx, dgamma, dbeta or None)."""
+def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg, dresidual=None):
+    """(dx, dgamma, dbeta or None); dresidual (x2d's shape and dtype, contiguous), when given, is
+    added into dx by the same kernel."""
     rms = normalization == "RMSNorm"
     nc = (_direct(x2d, gamma, None) if dz.dtype == x2d.dtype and dz.shape == x2d.shape
           and dz.is_contiguous() else None)
     if nc is not None:
-        return _fast.norm_bwd(nc, rms, dz, x2d, mu, rsigma, gamma, bool(zcg))
-    return K.norm_bwd(rms, dz, x2d, mu, rsigma, gamma, zcg)
+        return _fast.norm_bwd(nc, rms, dz, x2d, mu, rsigma, gamma, bool(zcg), dresidual)
+    return K.norm_bwd(rms, dz, x2d, mu, rsigma, gamma, zcg, dresidual)
 
 
 def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp):

@@ -49,7 +49,8 @@ def _act_fp8(fi, h, activation, slot):
     return data, scale_inv
 
 
-def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp):
+def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp,
+                 residual):
     act = module.activation
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
@@ -63,12 +64,12 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         aq, a_sinv = _act_fp8(fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
     w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
-    y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2).out
+    y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
 
 
-def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp):
+def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
     act = module.activation
     ln_out, ln_full, _, _, mu, rsigma = norm_for_gemm(module, x2d, g, b, fi, False, False, True, tp)
     w1, w2 = hp_weight(w1, dtype), hp_weight(w2, dtype)
@@ -81,7 +82,7 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp):
     if fi.calibrating:
         for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
-    y = _gemms.fprop_hp(w2, a, b2)
+    y = _gemms.fprop_hp(w2, a, b2, addend=residual)
     saved = (x2d, mu, rsigma, g, ln_full, None, w1, None, h, a, None, w2, None)
     return y, ln_out, saved
 
@@ -135,10 +136,15 @@ def _dact_fp8(ctx, da, h, need_transpose):
 
 class _LayerNormMLPFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inp, ln_weight, ln_bias, w1, b1, w2, b2, module, fi, dtype, is_first_microbatch):
+    def forward(ctx, inp, ln_weight, ln_bias, w1, b1, w2, b2, module, fi, dtype, is_first_microbatch,
+                add_input):
+        # add_input: y = inp + MLP(norm(inp)), the residual connection of a pre-norm block: the
+        # FC2 GEMM adds inp (its C operand) and the norm backward adds y's gradient into dx, so
+        # the connection costs no add kernel either way
         hidden = inp.shape[-1]
         x2d = inp.reshape(-1, hidden)
         x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
+        residual = x2d if add_input else None
         g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
         need = {"w1": w1.requires_grad, "w2": w2.requires_grad,
                 "dgrad": inp.requires_grad or ln_weight.requires_grad}
@@ -148,9 +154,11 @@ class _LayerNormMLPFn(torch.autograd.Function):
         if fp8:
             check_fp8_dims("LayerNormMLP", tokens, hidden, w1.shape[0], w2.shape[0], w2.shape[1])
             y, ln_out, saved = _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype,
-                                            is_first_microbatch, need, tp)
+                                            is_first_microbatch, need, tp, residual)
         else:
-            y, ln_out, saved = _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp)
+            y, ln_out, saved = _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp,
+                                           residual)
+        ctx.add_input = add_input
         ctx.save_for_backward(*saved)
         ctx.tp = tp
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module, ctx.need = fp8, fi, dtype, module, need
@@ -212,11 +220,12 @@ class _LayerNormMLPFn(torch.autograd.Function):
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
-                                              g, module.zero_centered_gamma)
+                                              g, module.zero_centered_gamma,
+                                              dy if ctx.add_input else None)
             dx = dx.view(inp_shape)
             dgamma = dgamma.to(ctx.param_dtypes[0])
             dbeta = dbeta.to(ctx.param_dtypes[1]) if dbeta is not None and ctx.param_dtypes[1] else None
-        return dx, dgamma, dbeta, dw1, db1, dw2, db2, None, None, None, None
+        return dx, dgamma, dbeta, dw1, db1, dw2, db2, None, None, None, None, None
 
 
 class LayerNormMLP(TransformerEngineBaseModule):
@@ -300,7 +309,19 @@ class LayerNormMLP(TransformerEngineBaseModule):
                     b.zero_()
         self._quantize_deferred_weights()
 
-    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+    def residual_in_gemm(self) -> bool:
+        """Whether forward(inp, _add_input=True) can fuse the residual connection: FC2's output
+        whole on this rank with its bias added in the GEMM, and no norm output returned."""
+        return not (self.return_bias or self.return_layernorm_output
+                    or (self.set_parallel_mode and self.tp_size > 1))
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, *,
+                _add_input: bool = False):
+        """FC2(act(FC1(norm(inp)))); with _add_input (internal: TransformerLayer's pre-norm
+        residual connection, when residual_in_gemm()) inp + that, fused (see _LayerNormMLPFn)."""
+        if _add_input and not self.residual_in_gemm():
+            raise ValueError("LayerNormMLP: _add_input needs return_bias=False, "
+                             "return_layernorm_output=False and no tensor-parallel split")
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size} (hidden_size)")
@@ -308,9 +329,13 @@ class LayerNormMLP(TransformerEngineBaseModule):
         dtype = self.activation_dtype(inp)
         fi = self.fp8_call_info(inp.device)
         b2 = self.fc2_bias if not (self.return_bias or parallel) else None
+        # an input of another dtype than the GEMMs' output keeps torch's type promotion: added after
+        fused = _add_input and inp.dtype == dtype
         out = _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
                                     self.fc1_weight, self.fc1_bias, self.fc2_weight, b2, self, fi,
-                                    dtype, is_first_microbatch)
+                                    dtype, is_first_microbatch, fused)
+        if _add_input and not fused:
+            out = inp + out
         ln_out = None
         if self.return_layernorm_output:
             out, ln_out = out

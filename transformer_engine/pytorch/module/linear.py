@@ -17,7 +17,9 @@ from ._casts import cast, check_fp8_dims, record_amax
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inp, weight, bias, call):
+    def forward(ctx, inp, weight, bias, residual, call):
+        # residual (or None): added to the output by the GEMM (its C operand), so a residual
+        # connection costs no separate add; its gradient is the output's, passed through
         # the call's non-tensor arguments come as one tuple: Function.apply inspects every
         # argument and the backward returns a gradient slot for each (host time per call)
         module, fi, dtype, is_first_microbatch, fuse_wgrad, nc = call
@@ -43,17 +45,22 @@ class _LinearFn(torch.autograd.Function):
             if not bias.is_contiguous():
                 bias = bias.contiguous()
         ctx.layout = None
+        r2d = None
+        if residual is not None:
+            r2d = residual.reshape(tokens, out_features)
+            r2d = (r2d if r2d.dtype == dtype else r2d.to(dtype)).contiguous()
+        ctx.has_residual = residual is not None
         if fp8:
             if tokens % 16 or in_features % 16 or out_features % 16:
                 check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
             if nc is not None:
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
-                                      need_wgrad, is_first_microbatch)
+                                      need_wgrad, is_first_microbatch, r2d)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
                 wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
-                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
+                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
@@ -65,9 +72,10 @@ class _LinearFn(torch.autograd.Function):
                 y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
                 nc.mod.linear_hp_forward(
                     x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, _CODE[dtype],
-                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype], nc.env)
+                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype],
+                    r2d.data_ptr() if r2d is not None else 0, nc.env)
             else:
-                y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
+                y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
         ctx.nc = nc  # the backward reuses it (native_call_again)
@@ -117,7 +125,7 @@ class _LinearFn(torch.autograd.Function):
             fi.step.backward_finished()
         if dx is not None and len(inp_shape) != 2:
             dx = dx.view(inp_shape)
-        return dx, dw, db, None
+        return dx, dw, db, (grad_out if ctx.has_residual else None), None
 
 
 _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
@@ -168,7 +176,7 @@ _CODE = _fast._CODE
 
 
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
-                      is_first_microbatch):
+                      is_first_microbatch, r2d=None):
     """y = x @ W.T (+ bias) in FP8 through one native call (linear_fp8_forward: the same C API
     calls, kernels and bits as the checked path's casts and GEMM); what the backward reads is
     kept in one allocation, the FP8 data that only this call's GEMM reads in the call's scratch."""
@@ -200,7 +208,7 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
         (rs._ptrs or rs._pointers())[0], rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
         wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
         bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
-        nc.env)
+        r2d.data_ptr() if r2d is not None else 0, nc.env)
     ctx.save_for_backward(kept, None, wq_t_saved, w_sinv)
     ctx.layout = (_OFF_XT, off_wt if fresh_w else None)
     return y
@@ -401,9 +409,20 @@ class Linear(TransformerEngineBaseModule):
     def _weight_and_bias(self):
         return split_weight_and_bias(self)
 
+    def residual_in_gemm(self, residual: torch.Tensor, inp: torch.Tensor) -> bool:
+        """Whether forward(inp, _residual=residual) can add the residual in the GEMM: an output
+        of the residual's shape, the bias (if any) added in the GEMM too, no row-parallel
+        reduction after it."""
+        return (not self.return_bias and not (self.parallel_mode == "row" and self.tp_size > 1)
+                and residual.shape == (*inp.shape[:-1], self.out_features)
+                and residual.device == inp.device)
+
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                fp8_output: bool = False, fp8_grad: bool = False):
+                fp8_output: bool = False, fp8_grad: bool = False, *,
+                _residual: Optional[torch.Tensor] = None):
+        """y = inp @ W.T + b. _residual (internal, TransformerLayer's residual connection; see
+        residual_in_gemm): also added, by the GEMM itself."""
         if self.skip_weight_param_allocation:
             if weight is None:
                 raise ValueError("Linear: skip_weight_param_allocation=True needs the weight passed "
@@ -433,8 +452,15 @@ class Linear(TransformerEngineBaseModule):
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()
                  else _LinearFn.apply)
-        out = apply(inp, weight, bias if add_bias_in_gemm else None,
+        if _residual is not None and not self.residual_in_gemm(_residual, inp):
+            raise ValueError("Linear: _residual needs a residual of the output's shape, no "
+                             "return_bias and no row-parallel split (see residual_in_gemm)")
+        # a residual of another dtype than the GEMM's output keeps torch's type promotion: added after
+        fused = _residual if _residual is not None and _residual.dtype == dtype else None
+        out = apply(inp, weight, bias if add_bias_in_gemm else None, fused,
                     (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc))
+        if _residual is not None and fused is None:
+            out = _residual + out
         if self.parallel_mode == "row":
             out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
             if bias is not None and not add_bias_in_gemm and not self.return_bias:

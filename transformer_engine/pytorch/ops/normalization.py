@@ -51,7 +51,7 @@ def rmsnorm_fwd_reference(x, gamma, eps=1e-5, zero_centered_gamma=False):
     return xf * rsigma.unsqueeze(-1) * _gamma(gamma, zero_centered_gamma), rsigma
 
 
-def _norm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma):
+def _norm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual=None):
     hidden = x.shape[-1]
     xf, dzf = x.float(), dz.float()
     rs = rsigma.unsqueeze(-1)
@@ -62,7 +62,10 @@ def _norm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma):
         dx = dx - dy.mean(-1, keepdim=True)
     dgamma = (dzf * xhat).reshape(-1, hidden).sum(0)
     dbeta = dzf.reshape(-1, hidden).sum(0)
-    return (rs * dx).to(x.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+    dx = rs * dx
+    if dresidual is not None:  # summed in fp32, rounded once, as the kernel does
+        dx = dx + dresidual.float()
+    return dx.to(x.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
 def layernorm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma=False):
@@ -187,16 +190,19 @@ def rmsnorm_fwd(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-5,
 
 # ----- backward ------------------------------------------------------------------------------
 
-def _backward(op, rms, dz, x, mu, rsigma, gamma, zero_centered_gamma):
+def _backward(op, rms, dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual):
     _check_x(op, "x", x)
     _check_like(op, "dz", dz, x)
+    if dresidual is not None:
+        _check_like(op, "dresidual", dresidual, x)
     if not rms:
         _check_stat(op, "mu", mu, x)
     _check_stat(op, "rsigma", rsigma, x)
     _check_weights(op, x, [("gamma", gamma)])
     if not native.use_native(x):
-        return _norm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+        return _norm_bwd_reference(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
     dx = torch.empty_like(x)
+    dres = native.describe(dresidual) if dresidual is not None else None
     dgamma = torch.empty_like(gamma)
     dbeta = None if rms else torch.empty_like(gamma)
     mod, stream = native.native_for_torch(), native.stream_of(x)
@@ -206,12 +212,12 @@ def _backward(op, rms, dz, x, mu, rsigma, gamma, zero_centered_gamma):
             return mod.rmsnorm_bwd(native.describe(dz), native.describe(x), native.describe(rsigma),
                                    native.describe(gamma), bool(zero_centered_gamma),
                                    native.describe(dx), native.describe(dgamma), workspace_desc,
-                                   stream)
+                                   dres, stream)
         return mod.layernorm_bwd(native.describe(dz), native.describe(x), native.describe(mu),
                                  native.describe(rsigma), native.describe(gamma),
                                  bool(zero_centered_gamma), native.describe(dx),
                                  native.describe(dgamma), native.describe(dbeta), workspace_desc,
-                                 stream)
+                                 dres, stream)
 
     # First call with a null workspace asks for its size; the second does the work.
     nbytes = call((0, (0,), native.DTYPE_CODE[torch.uint8], 0, 0, 0))
@@ -221,16 +227,22 @@ def _backward(op, rms, dz, x, mu, rsigma, gamma, zero_centered_gamma):
 
 
 def layernorm_bwd(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, rsigma: torch.Tensor,
-                  gamma: torch.Tensor, zero_centered_gamma: bool = False
+                  gamma: torch.Tensor, zero_centered_gamma: bool = False,
+                  dresidual: Optional[torch.Tensor] = None
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dgamma, dbeta) of LayerNorm, given the forward's mu and rsigma."""
-    return _backward("layernorm_bwd", False, dz, x, mu, rsigma, gamma, zero_centered_gamma)
+    """(dx, dgamma, dbeta) of LayerNorm, given the forward's mu and rsigma. dresidual (x's shape
+    and dtype), when given, is added into dx in fp32 before rounding: the gradient of a residual
+    connection around the norm, without a separate add."""
+    return _backward("layernorm_bwd", False, dz, x, mu, rsigma, gamma, zero_centered_gamma,
+                     dresidual)
 
 
 def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
-                zero_centered_gamma: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dgamma) of RMSNorm, given the forward's rsigma."""
-    return _backward("rmsnorm_bwd", True, dz, x, None, rsigma, gamma, zero_centered_gamma)[:2]
+                zero_centered_gamma: bool = False, dresidual: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dgamma) of RMSNorm, given the forward's rsigma; dresidual as in layernorm_bwd."""
+    return _backward("rmsnorm_bwd", True, dz, x, None, rsigma, gamma, zero_centered_gamma,
+                     dresidual)[:2]
 
 
 # ----- autograd ------------------------------------------------------------------------------

@@ -27,6 +27,11 @@
  *
  * Any cols >= 1 (not only multiples of the vector width) and any rows >= 0 are accepted; rows == 0
  * writes zero weight gradients (and, for FP8 output, scale_inv).
+ *
+ * The *_bwd_residual variants also take dresidual (x's shape and dtype: the gradient reaching x by
+ * a residual connection, x + f(norm(x))) and write dx = (the backward above) + dresidual, summed in
+ * fp32 and rounded once: the residual branch's gradient costs no separate add. dresidual may be
+ * the same buffer as dx.
  */
 #ifndef TRANSFORMER_ENGINE_NORMALIZATION_H_
 #define TRANSFORMER_ENGINE_NORMALIZATION_H_
@@ -53,6 +58,19 @@ NVTEStatus nvte_layernorm_bwd(const NVTETensor* dz, const NVTETensor* x, const N
 NVTEStatus nvte_rmsnorm_bwd(const NVTETensor* dz, const NVTETensor* x, const NVTETensor* rsigma,
                             const NVTETensor* gamma, int zero_centered_gamma, NVTETensor* dx,
                             NVTETensor* dgamma, NVTETensor* workspace, NVTEStream stream);
+
+NVTEStatus nvte_layernorm_bwd_residual(const NVTETensor* dz, const NVTETensor* x,
+                                       const NVTETensor* mu, const NVTETensor* rsigma,
+                                       const NVTETensor* gamma, int zero_centered_gamma,
+                                       const NVTETensor* dresidual, NVTETensor* dx,
+                                       NVTETensor* dgamma, NVTETensor* dbeta,
+                                       NVTETensor* workspace, NVTEStream stream);
+
+NVTEStatus nvte_rmsnorm_bwd_residual(const NVTETensor* dz, const NVTETensor* x,
+                                     const NVTETensor* rsigma, const NVTETensor* gamma,
+                                     int zero_centered_gamma, const NVTETensor* dresidual,
+                                     NVTETensor* dx, NVTETensor* dgamma, NVTETensor* workspace,
+                                     NVTEStream stream);
 
 #ifdef __cplusplus
 }
