@@ -107,9 +107,17 @@ class MultiheadAttention(torch.nn.Module):
     def _split_heads(self, x, heads):
         return x.view(*x.shape[:-1], heads, self.head_dim)
 
-    def _qkv_self(self, hidden_states, is_first_microbatch):
+    def _qkv_self(self, hidden_states, is_first_microbatch, residual=None):
+        """(q, k, v, norm output or None, residual): a residual that is hidden_states comes back
+        as the fused norm+QKV module's view of it (LayerNormLinear _pass_input), so that its
+        gradient rides that module's norm backward."""
         module = self.layernorm_qkv if self.input_layernorm else self.qkv
-        mixed, ln_out = self._project(module, hidden_states, is_first_microbatch)
+        if residual is not None and residual is hidden_states and self.input_layernorm:
+            out, residual = module(hidden_states, is_first_microbatch=is_first_microbatch,
+                                   _pass_input=True)
+            mixed, ln_out = (out[0], out[-1]) if isinstance(out, tuple) else (out, None)
+        else:
+            mixed, ln_out = self._project(module, hidden_states, is_first_microbatch)
         hq, hkv, d = self.heads_q, self.heads_kv, self.head_dim
         interleaved = self.fuse_qkv_params and self.qkv_weight_interleaved
         if can_pack(mixed, hq, hkv, interleaved):
@@ -125,7 +133,7 @@ class MultiheadAttention(torch.nn.Module):
         else:
             q, k, v = torch.split(mixed, (hq * d, hkv * d, hkv * d), dim=-1)
             q, k, v = self._split_heads(q, hq), self._split_heads(k, hkv), self._split_heads(v, hkv)
-        return q, k, v, ln_out
+        return q, k, v, ln_out, residual
 
     def _qkv_cross(self, hidden_states, encoder_output, is_first_microbatch):
         if encoder_output is None:
@@ -172,7 +180,12 @@ class MultiheadAttention(torch.nn.Module):
             raise ValueError(f"{_OP}: hidden_states has shape {shape}; expected {want} dims ending in "
                              f"hidden_size {self.hidden_size} for qkv_format {self.qkv_format!r}")
         if self.attention_type == "self":
-            q, k, v, ln_out = self._qkv_self(hidden_states, is_first_microbatch)
+            # a residual the projection's GEMM will add comes back from the norm+QKV module
+            fusable = _residual is not None and self.proj.residual_in_gemm(_residual, hidden_states)
+            q, k, v, ln_out, passed = self._qkv_self(hidden_states, is_first_microbatch,
+                                                     _residual if fusable else None)
+            if fusable:
+                _residual = passed
         else:
             q, k, v, ln_out = self._qkv_cross(hidden_states, encoder_output, is_first_microbatch)
         if self.qkv_format == "thd" and self.attention_type == "self" and cu_seqlens_kv is None:

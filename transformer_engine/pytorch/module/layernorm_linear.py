@@ -19,7 +19,10 @@ from .linear import _split_names, split_weight_and_bias
 class _LayerNormLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, ln_weight, ln_bias, weight, bias, module, fi, dtype, is_first_microbatch,
-                return_ln_out):
+                return_ln_out, pass_input):
+        # pass_input: also return inp itself (a view), for a residual connection around the
+        # block that starts here; its gradient then comes back to this backward, which adds it
+        # into dx in the norm kernel instead of autograd adding it in a kernel of its own
         out_features, in_features = weight.shape
         x2d = inp.reshape(-1, in_features)
         x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
@@ -52,13 +55,16 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ctx.ln_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None)
         ctx.weight = weight if module.fuse_wgrad_accumulation else None
         ctx.shapes = (inp.shape, out_features, in_features)
+        ctx.return_ln_out, ctx.pass_input = return_ln_out, pass_input
         y = y.view(-1, *inp.shape[1:-1], out_features)
-        if return_ln_out:
-            return y, ln_out.view(inp.shape)
-        return y
+        outputs = (y,) + ((ln_out.view(inp.shape),) if return_ln_out else ())
+        outputs += (inp.view_as(inp),) if pass_input else ()
+        return outputs if len(outputs) > 1 else y
 
     @staticmethod
-    def backward(ctx, grad_out, *grad_ln_out):
+    def backward(ctx, grad_out, *grad_extra):
+        grad_ln_out = grad_extra[:1] if ctx.return_ln_out else ()
+        grad_input = grad_extra[-1] if ctx.pass_input else None
         inp_shape, out_features, in_features = ctx.shapes
         module, fi = ctx.module, ctx.fi
         dy = grad_out.reshape(-1, out_features)
@@ -93,12 +99,18 @@ class _LayerNormLinearFn(torch.autograd.Function):
             dln = ctx.tp.reduce_grad(dln)
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
+            dres = None
+            if grad_input is not None:
+                dres = grad_input.reshape(x2d.shape)
+                dres = (dres if dres.dtype == x2d.dtype else dres.to(x2d.dtype)).contiguous()
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
-                                              g, module.zero_centered_gamma)
+                                              g, module.zero_centered_gamma, dres)
             dx = dx.view(inp_shape)
             dgamma = dgamma.to(ctx.ln_dtypes[0])
             dbeta = dbeta.to(ctx.ln_dtypes[1]) if dbeta is not None and ctx.ln_dtypes[1] else None
-        return dx, dgamma, dbeta, dw, db, None, None, None, None, None
+        elif grad_input is not None:  # no norm backward to ride: the input's gradient is its own
+            dx = grad_input
+        return dx, dgamma, dbeta, dw, db, None, None, None, None, None, None
 
 
 class LayerNormLinear(TransformerEngineBaseModule):
@@ -187,7 +199,13 @@ class LayerNormLinear(TransformerEngineBaseModule):
         return split_weight_and_bias(self)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
-                fp8_output: bool = False, fp8_grad: bool = False):
+                fp8_output: bool = False, fp8_grad: bool = False, *, _pass_input: bool = False):
+        """norm(inp) @ W.T + b. _pass_input (internal: a residual connection around the block that
+        starts here) returns (the usual result, inp as a view) and adds the view's gradient into
+        inp's in the norm backward; where that cannot be fused, the view is plain inp."""
+        pass_input = _pass_input and (self.activation_dtype(inp) == inp.dtype
+                                      and self.norm_tp() is _parallel.NO_TP
+                                      and not torch.compiler.is_compiling())
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"LayerNormLinear: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.in_features} (in_features)")
@@ -197,12 +215,16 @@ class LayerNormLinear(TransformerEngineBaseModule):
         gemm_bias = bias if not self.return_bias else None
         out = _LayerNormLinearFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias, weight,
                                        gemm_bias, self, fi, dtype, is_first_microbatch,
-                                       self.return_layernorm_output)
+                                       self.return_layernorm_output, pass_input)
         ln_out = None
+        passed = inp
+        if pass_input:
+            *out, passed = out
+            out = tuple(out) if len(out) > 1 else out[0]
         if self.return_layernorm_output:
             out, ln_out = out
         if self.return_bias:
             out = (out, bias.to(out.dtype) if bias is not None else None)
         if self.return_layernorm_output:
-            return (*out, ln_out) if self.return_bias else (out, ln_out)
-        return out
+            out = (*out, ln_out) if self.return_bias else (out, ln_out)
+        return (out, passed) if _pass_input else out
