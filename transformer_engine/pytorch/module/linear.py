@@ -65,7 +65,8 @@ class _LinearFn(torch.autograd.Function):
                 y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
                 nc.mod.linear_hp_forward(
                     x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, _CODE[dtype],
-                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype], nc.env)
+                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype], 0,
+                    nc.env)  # 0: no residual
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
@@ -200,7 +201,7 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
         (rs._ptrs or rs._pointers())[0], rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
         wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
         bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
-        nc.env)
+        0, nc.env)  # 0: no residual
     ctx.save_for_backward(kept, None, wq_t_saved, w_sinv)
     ctx.layout = (_OFF_XT, off_wt if fresh_w else None)
     return y
