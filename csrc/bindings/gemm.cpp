@@ -1,5 +1,5 @@
-// Bindings of the GEMM family: one call mirrors nvte_gemm_with_c; bias and aux are None when
-// unused, and so is c (the addend; None: C is D, i.e. nvte_gemm). c comes last, with a default,
+// Bindings of the GEMM family: one call mirrors nvte_gemm (c None) or nvte_gemm_with_c; bias and
+// aux are None when unused, and so is c (the addend; None: C is D). c comes last, with a default,
 // so that calls written for nvte_gemm's argument list keep working.
 #include "bindings.h"
 #include "transformer_engine/gemm.h"
@@ -19,11 +19,18 @@ void register_gemm(py::module_& m) {
         if (has_bias) tbias = tensor_from_tuple(bias.cast<py::tuple>());
         if (has_aux) taux = tensor_from_tuple(aux.cast<py::tuple>());
         if (has_c) tc = tensor_from_tuple(c.cast<py::tuple>());
-        check_status(nvte_gemm_with_c(&ta, transa, &tb, transb, has_c ? &tc : nullptr, &td,
-                                      has_bias ? &tbias : nullptr, has_aux ? &taux : nullptr,
-                                      static_cast<NVTEGemmEpilogue>(epilogue), alpha, beta,
-                                      use_fast_accum, reinterpret_cast<void*>(workspace),
-                                      workspace_size, stream_from_int(stream)));
+        NVTETensor* pbias = has_bias ? &tbias : nullptr;
+        NVTETensor* paux = has_aux ? &taux : nullptr;
+        const auto epi = static_cast<NVTEGemmEpilogue>(epilogue);
+        void* ws = reinterpret_cast<void*>(workspace);
+        // without c: nvte_gemm itself (the same implementation), so its errors keep its name
+        if (has_c)
+          check_status(nvte_gemm_with_c(&ta, transa, &tb, transb, &tc, &td, pbias, paux, epi,
+                                        alpha, beta, use_fast_accum, ws, workspace_size,
+                                        stream_from_int(stream)));
+        else
+          check_status(nvte_gemm(&ta, transa, &tb, transb, &td, pbias, paux, epi, alpha, beta,
+                                 use_fast_accum, ws, workspace_size, stream_from_int(stream)));
       },
       py::arg("a"), py::arg("transa"), py::arg("b"), py::arg("transb"), py::arg("d"),
       py::arg("bias"), py::arg("aux"), py::arg("epilogue"), py::arg("alpha"), py::arg("beta"),

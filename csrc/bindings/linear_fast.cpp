@@ -138,6 +138,22 @@ void cast(const NVTETensor& x, const Scaling& s, int slot, int fp8_dtype, uintpt
   }
 }
 
+// The forward GEMM y = op(A) op(B) (+ bias): nvte_gemm, or nvte_gemm_with_c with the residual
+// as C (beta 1) when there is one; errors name the entry point used.
+void forward_gemm(const NVTETensor& a, const NVTETensor& b, uintptr_t residual, NVTETensor& d,
+                  NVTETensor& bias_desc, bool has_bias, const CallEnv& e) {
+  NVTETensor* bias = has_bias ? &bias_desc : nullptr;
+  const NVTEGemmEpilogue epi = has_bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone;
+  if (!residual) {
+    check_status(nvte_gemm(&a, true, &b, false, &d, bias, nullptr, epi, 1.0f, 0.0f, true,
+                           e.workspace, e.workspace_size, e.stream));
+    return;
+  }
+  const NVTETensor c = matrix(residual, d.shape[0], d.shape[1], d.dtype);
+  check_status(nvte_gemm_with_c(&a, true, &b, false, &c, &d, bias, nullptr, epi, 1.0f, 1.0f, true,
+                                e.workspace, e.workspace_size, e.stream));
+}
+
 }  // namespace
 
 void register_linear_fast(py::module_& m) {
@@ -178,12 +194,7 @@ void register_linear_fast(py::module_& m) {
           NVTETensor b = matrix(xq, tokens, in_features, fp8_dtype, 0, 0, x_sinv);
           NVTETensor d = matrix(y, tokens, out_features, y_dtype);
           NVTETensor bd = vector(bias, out_features, bias_dtype);
-          NVTETensor cd = matrix(residual, tokens, out_features, y_dtype);
-          check_status(nvte_gemm_with_c(&a, true, &b, false, residual ? &cd : nullptr, &d,
-                                        bias ? &bd : nullptr, nullptr,
-                                        bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f,
-                                        residual ? 1.0f : 0.0f, true, e.workspace,
-                                        e.workspace_size, stream));
+          forward_gemm(a, b, residual, d, bd, bias != 0, e);
         });
 
   // dx [tokens, in] = dy @ W and dW [out, in] (+)= dy^T @ x in FP8 (backward slot 0: dy).
@@ -277,12 +288,7 @@ void register_linear_fast(py::module_& m) {
           NVTETensor b = matrix(x, tokens, in_features, dtype);
           NVTETensor d = matrix(y, tokens, out_features, dtype);
           NVTETensor bd = vector(bias, out_features, bias_dtype);
-          NVTETensor cd = matrix(residual, tokens, out_features, dtype);
-          check_status(nvte_gemm_with_c(&a, true, &b, false, residual ? &cd : nullptr, &d,
-                                        bias ? &bd : nullptr, nullptr,
-                                        bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f,
-                                        residual ? 1.0f : 0.0f, true, e.workspace,
-                                        e.workspace_size, e.stream));
+          forward_gemm(a, b, residual, d, bd, bias != 0, e);
         });
 
   // dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then dW [out, in] = dy^T @ x
