@@ -138,10 +138,28 @@ void cast(const NVTETensor& x, const Scaling& s, int slot, int fp8_dtype, uintpt
   }
 }
 
+// The forward GEMM y = op(A) op(B) (+ bias): nvte_gemm, or nvte_gemm_with_c with the residual
+// as C (beta 1) when there is one; errors name the entry point used.
+void forward_gemm(const NVTETensor& a, const NVTETensor& b, uintptr_t residual, NVTETensor& d,
+                  NVTETensor& bias_desc, bool has_bias, const CallEnv& e) {
+  NVTETensor* bias = has_bias ? &bias_desc : nullptr;
+  const NVTEGemmEpilogue epi = has_bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone;
+  if (!residual) {
+    check_status(nvte_gemm(&a, true, &b, false, &d, bias, nullptr, epi, 1.0f, 0.0f, true,
+                           e.workspace, e.workspace_size, e.stream));
+    return;
+  }
+  const NVTETensor c = matrix(residual, d.shape[0], d.shape[1], d.dtype);
+  check_status(nvte_gemm_with_c(&a, true, &b, false, &c, &d, bias, nullptr, epi, 1.0f, 1.0f, true,
+                                e.workspace, e.workspace_size, e.stream));
+}
+
 }  // namespace
 
 void register_linear_fast(py::module_& m) {
-  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias) in FP8 (forward slots: x 0, W 1).
+  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias) (+ residual) in FP8 (forward
+  // slots: x 0, W 1). residual != 0: a [tokens, out] tensor of y's dtype (y_dtype high precision)
+  // added in the GEMM (its C operand, beta 1; before the bias, which is the same sum).
   // cast_w: W is high precision and is cast here into wq (its transpose into wq_t when != 0);
   // otherwise wq (dtype wq_dtype) already holds W's FP8 data and w / w_dtype are ignored.
   // x's FP8 data goes to xq, its transpose to xq_t when != 0, its scale_inv to x_sinv.
@@ -150,7 +168,7 @@ void register_linear_fast(py::module_& m) {
            int64_t out_features, bool cast_w, const py::tuple& scaling, bool delayed,
            int fp8_dtype, uintptr_t xq, uintptr_t xq_t, uintptr_t x_sinv, uintptr_t wq,
            int wq_dtype, uintptr_t wq_t, uintptr_t w_sinv, uintptr_t y, int y_dtype,
-           uintptr_t bias, int bias_dtype, const py::tuple& env) {
+           uintptr_t bias, int bias_dtype, uintptr_t residual, const py::tuple& env) {
           const CallEnv e = env_from(env);
           const NVTEStream stream = e.stream;
           const Scaling s = scaling_from(scaling, delayed);
@@ -176,9 +194,7 @@ void register_linear_fast(py::module_& m) {
           NVTETensor b = matrix(xq, tokens, in_features, fp8_dtype, 0, 0, x_sinv);
           NVTETensor d = matrix(y, tokens, out_features, y_dtype);
           NVTETensor bd = vector(bias, out_features, bias_dtype);
-          check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
-                                 bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
-                                 true, e.workspace, e.workspace_size, stream));
+          forward_gemm(a, b, residual, d, bd, bias != 0, e);
         });
 
   // dx [tokens, in] = dy @ W and dW [out, in] (+)= dy^T @ x in FP8 (backward slot 0: dy).
@@ -261,18 +277,18 @@ void register_linear_fast(py::module_& m) {
 
   // High precision (x, W, dy, y, dx, dW all of dtype; bias and its gradient of bias_dtype): the
   // same GEMMs as module/_fast.py's gemm() makes, in one call per direction.
-  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias when bias != 0).
+  // y [tokens, out] = x [tokens, in] @ W [out, in]^T (+ bias when bias != 0) (+ residual when
+  // residual != 0: [tokens, out] of dtype, the GEMM's C operand with beta 1).
   m.def("linear_hp_forward",
         [](uintptr_t x, int64_t tokens, int64_t in_features, uintptr_t w, int64_t out_features,
-           int dtype, uintptr_t y, uintptr_t bias, int bias_dtype, const py::tuple& env) {
+           int dtype, uintptr_t y, uintptr_t bias, int bias_dtype, uintptr_t residual,
+           const py::tuple& env) {
           const CallEnv e = env_from(env);
           NVTETensor a = matrix(w, out_features, in_features, dtype);
           NVTETensor b = matrix(x, tokens, in_features, dtype);
           NVTETensor d = matrix(y, tokens, out_features, dtype);
           NVTETensor bd = vector(bias, out_features, bias_dtype);
-          check_status(nvte_gemm(&a, true, &b, false, &d, bias ? &bd : nullptr, nullptr,
-                                 bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.0f, 0.0f,
-                                 true, e.workspace, e.workspace_size, e.stream));
+          forward_gemm(a, b, residual, d, bd, bias != 0, e);
         });
 
   // dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then dW [out, in] = dy^T @ x

@@ -146,12 +146,17 @@ struct Plan {
   }
 };
 
-// The C matrix is D itself (read only when beta != 0). For an FP8 D, cuBLASLt wants a 16-bit C
-// type (the bias's when there is one) in a buffer other than D; beta is 0 then, so C is never
-// read (see GemmArgs::fp8_out_c).
+// The C matrix is D itself, or the caller's distinct addend (GemmArgs::c, D's type and layout);
+// it is read only when beta != 0. For an FP8 D, cuBLASLt wants a 16-bit C type (the bias's when
+// there is one) in a buffer other than D; beta is 0 then, so C is never read (see
+// GemmArgs::fp8_out_c).
 NVTEDType c_type_of(const GemmArgs& g) {
   if (!is_fp8_type(g.d_type)) return g.d_type;
   return epilogue_uses_bias(g.epilogue) ? g.bias_type : kNVTEBFloat16;
+}
+
+const void* c_pointer(const GemmArgs& g) {
+  return is_fp8_type(g.d_type) ? g.fp8_out_c : addend_of(g);
 }
 
 // Sets the attributes that point at this call's data. Cheap host writes into the descriptor.
@@ -220,9 +225,12 @@ bool build_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, bool fused)
   const uint32_t align_a = static_cast<uint32_t>(alignment_of(g.a));
   const uint32_t align_b = static_cast<uint32_t>(alignment_of(g.b));
   const uint32_t align_d = static_cast<uint32_t>(alignment_of(g.d));
+  // C is D (or an unread scratch C for an FP8 D: D's alignment, as ever) unless the addend is
+  // distinct (its alignment is part of the plan key).
+  const uint32_t align_c = static_cast<uint32_t>(alignment_of(addend_of(g)));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
   if (fused && g.epilogue == kNVTEGemmEpilogueBGradB) {
     // The H100's first BGradB choice for a small fp16 wgrad was 4 ulps off fp32 accumulation
@@ -277,17 +285,17 @@ Plan& plan_for(const GemmArgs& g, int device, cublasLtHandle_t handle) {
 
 cublasStatus_t launch_matmul(cublasLtHandle_t handle, const Plan& p, const GemmArgs& g,
                              const cublasLtMatmulAlgo_t& algo) {
-  const void* c = is_fp8_type(g.d_type) ? g.fp8_out_c : g.d;
-  return cublasLtMatmul(handle, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, c, p.c, g.d, p.d,
+  return cublasLtMatmul(handle, p.desc, &g.alpha, g.a, p.a, g.b, p.b, &g.beta, c_pointer(g), p.c,
+                        g.d, p.d,
                         &algo, g.workspace, g.workspace_size,
                         reinterpret_cast<cudaStream_t>(g.stream));
 }
 
 // Times the candidates of p on this call's operands and keeps the fastest (protocol above). Only
-// for calls whose repeated runs are harmless: beta == 0 (D, aux, the bias gradient and the FP8
-// amax are overwritten, never accumulated) and a stream outside capture. The events are waited on
-// in relaxed capture mode, so that a graph another thread captures meanwhile is not invalidated
-// by this (legal, uncaptured) synchronisation. Any failure keeps the heuristic's first choice.
+// for calls whose repeated runs are harmless (see repeatable) and a stream outside capture. The
+// events are waited on in relaxed capture mode, so that a graph another thread captures
+// meanwhile is not invalidated by this (legal, uncaptured) synchronisation. Any failure keeps
+// the heuristic's first choice.
 void tune_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle) {
   p.tuned = true;  // tried once, whatever happens below
   if (2.0 * double(g.m) * double(g.n) * double(g.k) < kTuneMinFlops) return;
@@ -341,6 +349,12 @@ void tune_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle) {
   if (best_ms[best] < kTuneMargin * best_ms[0]) p.algo = p.candidates[best];
 }
 
+// Whether running g twice gives what running it once does: D, aux, the bias gradient and the
+// FP8 amax are overwritten, never accumulated, so only a read of D as C (beta != 0 with C = D)
+// makes a repeat differ. A distinct C is only read, and nvte_gemm_with_c has refused a C that
+// shares memory with D or aux.
+bool repeatable(const GemmArgs& g) { return g.beta == 0.f || g.c != nullptr; }
+
 }  // namespace
 
 const char* backend_name() { return "cuBLASLt"; }
@@ -362,7 +376,7 @@ void backend_run(const GemmArgs& g) {
   cublasLtHandle_t handle = device_state(device).handle;
   Plan& plan = plan_for(g, device, handle);
   set_data_pointers(plan, g);
-  if (!plan.tuned && g.beta == 0.f && !stream_capturing(reinterpret_cast<cudaStream_t>(g.stream)))
+  if (!plan.tuned && repeatable(g) && !stream_capturing(reinterpret_cast<cudaStream_t>(g.stream)))
     tune_plan(plan, g, handle);
   check_cublas(launch_matmul(handle, plan, g, plan.algo), "cublasLtMatmul");
   if (!plan.fused) run_unfused_epilogue(g, 1.f);

@@ -9,7 +9,8 @@
 //    read at run time from gcnArchName, since one binary serves every arch it was built for.
 //  - hipBLASLt has no fast-accumulation switch (the flag is ignored) and no alignment
 //    preferences (it checks pointers itself).
-//  - An FP8 D is given C = D with D's layout (beta is 0, so C is not read).
+//  - An FP8 D is given C = D with D's layout (beta is 0, so C is not read). A high-precision D
+//    takes the caller's distinct addend (GemmArgs::c) as C when there is one, with D's layout.
 #include <hip/hip_runtime.h>
 #include <hipblaslt/hipblaslt.h>
 
@@ -255,8 +256,9 @@ void hipblaslt_run(const GemmArgs& g) {
   const Plan& plan = plan_for(g, device, dev);
   set_data_pointers(plan, g);
   check_hipblaslt(hipblasLtMatmul(dev.handle, plan.desc, &g.alpha, g.a, plan.a, g.b, plan.b,
-                                  &g.beta, g.d, plan.c, g.d, plan.d, &plan.algo, g.workspace,
-                                  g.workspace_size, reinterpret_cast<hipStream_t>(g.stream)),
+                                  &g.beta, addend_of(g), plan.c, g.d, plan.d, &plan.algo,
+                                  g.workspace, g.workspace_size,
+                                  reinterpret_cast<hipStream_t>(g.stream)),
                   "hipblasLtMatmul");
   if (!plan.fused) run_unfused_epilogue(g, 1.f);
 }

@@ -2,9 +2,12 @@
 //
 // rocblas_gemm_ex multiplies fp32/fp16/bf16 with fp32 accumulation; it has no FP8 path that
 // takes per-tensor scales and no epilogues, so FP8 is refused with a pointer to hipBLASLt and
-// the epilogues run in the portable kernel after the GEMM. The caller's workspace is handed to
-// rocBLAS (rocblas_set_workspace), which stops it from allocating device memory itself -- that
-// allocation would break stream capture and the no-allocation rule of the core.
+// the epilogues run in the portable kernel after the GEMM (on D = alpha op(A) op(B) + beta C, so
+// C comes before the bias and the activation, as in cuBLASLt's fused epilogues). rocblas_gemm_ex
+// takes C and D separately: C is the distinct addend (GemmArgs::c) when there is one, else D.
+// The caller's workspace is handed to rocBLAS (rocblas_set_workspace), which stops it from
+// allocating device memory itself -- that allocation would break stream capture and the
+// no-allocation rule of the core.
 #include <hip/hip_runtime.h>
 #include <rocblas/rocblas.h>
 
@@ -91,7 +94,7 @@ void rocblas_run(const GemmArgs& g) {
                       static_cast<rocblas_int>(g.m), static_cast<rocblas_int>(g.n),
                       static_cast<rocblas_int>(g.k), &g.alpha, g.a, ab,
                       static_cast<rocblas_int>(g.lda), g.b, ab, static_cast<rocblas_int>(g.ldb),
-                      &g.beta, g.d, d, static_cast<rocblas_int>(g.ldd), g.d, d,
+                      &g.beta, addend_of(g), d, static_cast<rocblas_int>(g.ldd), g.d, d,
                       static_cast<rocblas_int>(g.ldd), rocblas_datatype_f32_r,
                       rocblas_gemm_algo_standard, 0, rocblas_gemm_flags_none),
       "rocblas_gemm_ex");

@@ -292,3 +292,212 @@ TE_TEST(gemm_bgradb_sums_b_and_refuses_other_layouts) {
   TE_EXPECT(std::strstr(nvte_last_error_message(), "BGradB") != nullptr, "%s",
             nvte_last_error_message());
 }
+
+// ---- nvte_gemm_with_c: the addend C in a buffer of its own ------------------------------------
+
+namespace {
+
+bool has_message(const char* part) { return std::strstr(nvte_last_error_message(), part) != nullptr; }
+
+// bf16 D = epilogue(op(A) op(B) + beta C) with a distinct bf16 C, against the CPU loop. D starts
+// as NaN (0xFFFF), so a library that read D instead of C (or added C twice) shows; C must come
+// back untouched. beta = 0 fills C with NaN too: it must not be read at all.
+void check_with_c(bool transa, bool transb, int64_t m, int64_t n, int64_t k, NVTEGemmEpilogue epi,
+                  float beta, unsigned seed) {
+  Workspace ws;
+  auto a = from_bf16(to_bf16(random_floats(size_t(m * k), seed)));
+  auto b = from_bf16(to_bf16(random_floats(size_t(n * k), seed + 1)));
+  auto bias = from_bf16(to_bf16(random_floats(size_t(m), seed + 2)));
+  auto c0 = from_bf16(to_bf16(random_floats(size_t(m * n), seed + 4, 2.f)));
+  DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b)), dc(to_bf16(c0)), dbias(to_bf16(bias)),
+      dd(size_t(m * n)), daux(size_t(m * n));
+  dd.fill_bytes(0xFF);
+  daux.fill_bytes(0xFF);
+  if (beta == 0.f) dc.fill_bytes(0xFF);
+  const auto c_before = dc.download();
+  NVTETensor A = desc(da.ptr, transa ? std::vector<int64_t>{m, k} : std::vector<int64_t>{k, m},
+                      kNVTEBFloat16);
+  NVTETensor B = desc(db.ptr, transb ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k},
+                      kNVTEBFloat16);
+  NVTETensor C = desc(dc.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor D = desc(dd.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor Bias = desc(dbias.ptr, {m}, kNVTEBFloat16);
+  NVTETensor Aux = desc(daux.ptr, {n, m}, kNVTEBFloat16);
+  const NVTEStatus st = nvte_gemm_with_c(&A, transa, &B, transb, &C, &D, &Bias, &Aux, epi, 1.f,
+                                         beta, false, ws.buf.ptr, ws.buf.n, nullptr);
+  TE_EXPECT(st == kNVTESuccess, "%s", nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto want = cpu_gemm(a, b, transa, transb, m, n, k);
+  auto got = from_bf16(dd.download());
+  auto got_aux = from_bf16(daux.download());
+  int bad = 0, bad_aux = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      const size_t idx = size_t(i * m + j);
+      const double cv = beta != 0.f ? beta * c0[idx] : 0.0;
+      double r = want[idx] + cv;
+      // as check_bf16: the summands may be rounded to bf16 before they are added
+      double atol = 1e-3 * std::sqrt(double(k)) + 1e-2 * (std::fabs(want[idx]) + std::fabs(cv));
+      if (epi == kNVTEGemmEpilogueBias || epi == kNVTEGemmEpilogueBiasGeluAux) {
+        r += bias[j];
+        atol += 1e-2 * std::fabs(bias[j]);
+      }
+      if (epi == kNVTEGemmEpilogueBiasGeluAux) {
+        atol += 5e-3 * std::fabs(r);
+        bad_aux += !close(got_aux[idx], r, 1.6e-2, atol);
+        r = gelu(float(r));
+      }
+      bad += !close(got[idx], r, 1.6e-2, atol);  // NaN never compares close
+    }
+  const char* l = transa ? (transb ? "TT" : "TN") : (transb ? "NT" : "NN");
+  TE_EXPECT(bad == 0 && bad_aux == 0, "%d D / %d aux mismatches, %s m=%lld n=%lld k=%lld epi %d "
+            "beta %g", bad, bad_aux, l, (long long)m, (long long)n, (long long)k, int(epi), beta);
+  const auto c_after = dc.download();
+  TE_EXPECT(std::memcmp(c_before.data(), c_after.data(), c_after.size() * 2) == 0,
+            "C was written (%s epi %d)", l, int(epi));
+}
+
+}  // namespace
+
+TE_TEST(gemm_with_c_distinct_addend_matches_cpu) {
+  const bool layouts[][2] = {{true, false}, {false, false}, {false, true}};
+  const NVTEGemmEpilogue epis[] = {kNVTEGemmEpilogueNone, kNVTEGemmEpilogueBias,
+                                   kNVTEGemmEpilogueBiasGeluAux};
+  unsigned seed = 101;
+  for (auto& l : layouts)
+    for (auto e : epis)
+      for (float beta : {1.f, 0.5f}) {
+        check_with_c(l[0], l[1], 64, 48, 80, e, beta, seed++);  // fused library epilogues
+        check_with_c(l[0], l[1], 37, 29, 23, e, beta, seed++);  // odd: the unfused GELU path
+      }
+  // beta = 0: C (NaN here) is not read; k = 0: D = epilogue(beta C), the portable kernel
+  check_with_c(true, false, 64, 48, 80, kNVTEGemmEpilogueBias, 0.f, seed++);
+  check_with_c(true, false, 40, 24, 0, kNVTEGemmEpilogueBiasGeluAux, 0.5f, seed++);
+  check_with_c(false, true, 40, 24, 0, kNVTEGemmEpilogueNone, 1.f, seed++);
+}
+
+// C == D is nvte_gemm with beta: accumulation into D; so is C = NULL.
+TE_TEST(gemm_with_c_same_as_d_accumulates) {
+  Workspace ws;
+  const int64_t m = 48, n = 32, k = 64;
+  auto a = from_bf16(to_bf16(random_floats(size_t(m * k), 201)));
+  auto b = from_bf16(to_bf16(random_floats(size_t(n * k), 202)));
+  auto d0 = from_bf16(to_bf16(random_floats(size_t(m * n), 203)));
+  auto bias = from_bf16(to_bf16(random_floats(size_t(m), 204)));
+  DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b)), dd(to_bf16(d0)), dd2(to_bf16(d0)),
+      dbias(to_bf16(bias));
+  NVTETensor A = desc(da.ptr, {m, k}, kNVTEBFloat16), B = desc(db.ptr, {n, k}, kNVTEBFloat16);
+  NVTETensor D = desc(dd.ptr, {n, m}, kNVTEBFloat16), D2 = desc(dd2.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor Bias = desc(dbias.ptr, {m}, kNVTEBFloat16);
+  TE_EXPECT(nvte_gemm_with_c(&A, true, &B, false, &D, &D, &Bias, nullptr, kNVTEGemmEpilogueBias,
+                             1.f, 1.f, false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess,
+            "%s", nvte_last_error_message());
+  TE_EXPECT(nvte_gemm_with_c(&A, true, &B, false, nullptr, &D2, &Bias, nullptr,
+                             kNVTEGemmEpilogueBias, 1.f, 1.f, false, ws.buf.ptr, ws.buf.n,
+                             nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto want = cpu_gemm(a, b, true, false, m, n, k);
+  auto got = from_bf16(dd.download()), got2 = from_bf16(dd2.download());
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double r = want[i] + d0[i] + bias[i % size_t(m)];
+    const double atol = 1e-3 * std::sqrt(double(k)) + 1e-2 * (std::fabs(want[i]) + std::fabs(d0[i]) +
+                                                               std::fabs(bias[i % size_t(m)]));
+    bad += !close(got[i], r, 1.6e-2, atol) || got2[i] != got[i];
+  }
+  TE_EXPECT(bad == 0, "%d mismatches of C == D / C = NULL accumulation", bad);
+}
+
+// FP8 operands with a bf16 D and a distinct bf16 C (cuBLASLt: C's type = D's type for FP8 inputs),
+// with and without the bias epilogue: y = x W^T + b + residual in FP8.
+TE_TEST(gemm_with_c_fp8_operands_bf16_addend) {
+  if (compute_major() * 10 + compute_minor() < 89) return;  // no FP8 tensor cores
+  Workspace ws;
+  const int64_t m = 64, n = 32, k = 48;
+  auto a = random_floats(size_t(m * k), 211, 4.f), b = random_floats(size_t(n * k), 212, 8.f);
+  std::vector<uint8_t> qa(a.size()), qb(b.size());
+  std::vector<float> fa(a.size()), fb(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    qa[i] = host_fp8(a[i], true);
+    fa[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(qa[i], __NV_E4M3))) * 0.25f;
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    qb[i] = host_fp8(b[i], true);
+    fb[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(qb[i], __NV_E4M3))) * 0.5f;
+  }
+  auto c0 = from_bf16(to_bf16(random_floats(size_t(m * n), 213, 4.f)));
+  auto bias = from_bf16(to_bf16(random_floats(size_t(m), 214)));
+  DeviceBuffer<uint8_t> da(qa), db(qb);
+  DeviceBuffer<__nv_bfloat16> dc(to_bf16(c0)), dd(size_t(m * n)), dbias(to_bf16(bias));
+  DeviceBuffer<float> sa(std::vector<float>{0.25f}), sb(std::vector<float>{0.5f});
+  NVTETensor A = desc(da.ptr, {m, k}, kNVTEFloat8E4M3, nullptr, nullptr, sa.ptr);
+  NVTETensor B = desc(db.ptr, {n, k}, kNVTEFloat8E4M3, nullptr, nullptr, sb.ptr);
+  NVTETensor C = desc(dc.ptr, {n, m}, kNVTEBFloat16), D = desc(dd.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor Bias = desc(dbias.ptr, {m}, kNVTEBFloat16);
+  auto want = cpu_gemm(fa, fb, true, false, m, n, k);
+  for (bool with_bias : {false, true}) {
+    dd.fill_bytes(0xFF);
+    TE_EXPECT(nvte_gemm_with_c(&A, true, &B, false, &C, &D, with_bias ? &Bias : nullptr, nullptr,
+                               with_bias ? kNVTEGemmEpilogueBias : kNVTEGemmEpilogueNone, 1.f,
+                               1.f, true, ws.buf.ptr, ws.buf.n, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    auto got = from_bf16(dd.download());
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double bv = with_bias ? bias[i % size_t(m)] : 0.0;
+      const double r = want[i] + c0[i] + bv;
+      const double atol = 2e-2 + 1e-2 * (std::fabs(want[i]) + std::fabs(c0[i]) + std::fabs(bv));
+      bad += !close(got[i], r, 1.6e-2, atol);
+    }
+    TE_EXPECT(bad == 0, "%d mismatches (FP8 x FP8 + bf16 C, bias %d)", bad, int(with_bias));
+  }
+}
+
+TE_TEST(gemm_with_c_refusals_return_status) {
+  Workspace ws;
+  const int64_t m = 32, n = 16, k = 32;
+  DeviceBuffer<__nv_bfloat16> a(size_t(m * k)), b(size_t(n * k)), c(size_t(2 * m * n)),
+      d(size_t(2 * m * n));
+  DeviceBuffer<float> cf(size_t(m * n)), one(std::vector<float>{1.f});
+  NVTETensor A = desc(a.ptr, {m, k}, kNVTEBFloat16), B = desc(b.ptr, {n, k}, kNVTEBFloat16);
+  NVTETensor D = desc(d.ptr, {n, m}, kNVTEBFloat16);
+  auto call = [&](const NVTETensor* A_, const NVTETensor* B_, const NVTETensor* C_,
+                  NVTETensor* D_) {
+    return nvte_gemm_with_c(A_, true, B_, false, C_, D_, nullptr, nullptr, kNVTEGemmEpilogueNone,
+                            1.f, 1.f, true, ws.buf.ptr, ws.buf.n, nullptr);
+  };
+  NVTETensor C_shape = desc(c.ptr, {n, m + 1}, kNVTEBFloat16);
+  TE_EXPECT(call(&A, &B, &C_shape, &D) == kNVTEInvalidArgument, "C of the wrong shape accepted");
+  TE_EXPECT(has_message("nvte_gemm_with_c") && has_message("C has shape") &&
+                has_message("expected D's shape [16, 32]"), "%s", nvte_last_error_message());
+  NVTETensor C_type = desc(cf.ptr, {n, m}, kNVTEFloat32);
+  TE_EXPECT(call(&A, &B, &C_type, &D) == kNVTEInvalidArgument, "C of the wrong dtype accepted");
+  TE_EXPECT(has_message("C has dtype float32") && has_message("like D"), "%s",
+            nvte_last_error_message());
+  // C overlapping D at another address (half a row further on)
+  NVTETensor D_over = desc(d.ptr, {n, m}, kNVTEBFloat16);
+  NVTETensor C_over = desc(d.ptr + m / 2, {n, m}, kNVTEBFloat16);
+  TE_EXPECT(call(&A, &B, &C_over, &D_over) == kNVTEInvalidArgument, "overlapping C accepted");
+  TE_EXPECT(has_message("C overlaps D"), "%s", nvte_last_error_message());
+  // FP8 D with a distinct C, whatever beta (checked before any device query: on every device)
+  DeviceBuffer<uint8_t> a8(size_t(m * k)), b8(size_t(n * k)), d8(size_t(m * n));
+  NVTETensor A8 = desc(a8.ptr, {m, k}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor B8 = desc(b8.ptr, {n, k}, kNVTEFloat8E4M3, nullptr, nullptr, one.ptr);
+  NVTETensor D8 = desc(d8.ptr, {n, m}, kNVTEFloat8E4M3, nullptr, one.ptr, nullptr);
+  NVTETensor C16 = desc(c.ptr, {n, m}, kNVTEBFloat16);
+  for (float beta : {1.f, 0.f}) {
+    TE_EXPECT(nvte_gemm_with_c(&A8, true, &B8, false, &C16, &D8, nullptr, nullptr,
+                               kNVTEGemmEpilogueNone, 1.f, beta, true, ws.buf.ptr, ws.buf.n,
+                               nullptr) == kNVTEInvalidArgument,
+              "FP8 D with a distinct C accepted (beta %g)", beta);
+    TE_EXPECT(has_message("nvte_gemm_with_c") && has_message("high-precision D"), "%s",
+              nvte_last_error_message());
+  }
+  // nvte_gemm's own errors keep its name
+  NVTETensor Bk = desc(b.ptr, {n, k - 1}, kNVTEBFloat16);
+  TE_EXPECT(nvte_gemm(&A, true, &Bk, false, &D, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f, 0.f,
+                      false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument, "k mismatch");
+  TE_EXPECT(std::strncmp(nvte_last_error_message(), "nvte_gemm: ", 11) == 0, "%s",
+            nvte_last_error_message());
+}

@@ -84,7 +84,10 @@ def model(A, B, layout, *, A_si=None, B_si=None, alpha=1.0, acc=None, bias=None,
 
 
 def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate, seed=0,
-             A=None, B=None, A_si=None, B_si=None, fast_accum=False):
+             A=None, B=None, A_si=None, B_si=None, fast_accum=False, addend=False):
+    """One general_gemm call against the model. addend=True: a random tensor of out's shape and
+    dtype added through general_gemm(addend=...) (the same r as accumulate=True, but out is a new
+    tensor and the addend is only read)."""
     if A is None:
         A, B = operands(layout, m, n, k, in_dtype, device, seed)
     side = out_dtype
@@ -106,7 +109,13 @@ def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate,
         acc0 = randn((n, m), out_dtype, device, seed=seed + 4)
         kwargs["out"] = acc0.clone()
         kwargs["accumulate"] = True
+    if addend:
+        acc0 = randn((n, m), out_dtype, device, seed=seed + 5, scale=2.0)
+        kwargs["addend"] = acc0.clone()
     res = ops.general_gemm(A, B, out_dtype, **kwargs)
+    if addend:
+        assert torch.equal(kwargs["addend"], acc0), "the addend was written"
+        assert res.out.data_ptr() != kwargs["addend"].data_ptr() or res.out.numel() == 0
     ref, pre, absprod, summands = model(A, B, layout, A_si=A_si, B_si=B_si, acc=acc0, bias=bias,
                                         gelu=epilogue in ("gelu", "bias_gelu"),
                                         gelu_input=gelu_input)
@@ -216,6 +225,89 @@ def test_gemm_empty_batch(device, epilogue):
 def test_gemm_empty_reduction(device, accumulate):
     """k = 0: the product is zero, so out = bias (+ out when accumulating)."""
     run_case(device, "TN", 24, 8, 0, torch.float32, torch.float32, "bias", accumulate)
+
+
+# ----- addend: out = product + addend (+ bias, GELU) in the GEMM (nvte_gemm_with_c) -------------
+
+ADDEND_EPILOGUES = ["none", "bias", "gelu", "bias_gelu"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", HP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", HP, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("epilogue", ADDEND_EPILOGUES)
+def test_gemm_addend(device, shape, layout, dtype, epilogue):
+    """The addend is added with the product, before the bias and GELU (gelu_input includes it)."""
+    m, n, k = shape
+    run_case(device, layout, m, n, k, dtype, dtype, epilogue, False, addend=True,
+             seed=stable_seed(shape, layout, dtype, epilogue, "addend", modulo=997))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(64, 48, 0), (0, 48, 80), (64, 0, 80)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_addend_empty(device, shape):
+    """k = 0: out = addend + bias (the portable epilogue reads the addend); empty outputs."""
+    m, n, k = shape
+    run_case(device, "TN", m, n, k, torch.bfloat16, torch.bfloat16, "bias_gelu", False,
+             addend=True, seed=13)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp32_out", [False, True], ids=["bf16_out", "fp32_out"])
+def test_gemm_addend_into_given_out(device, fp32_out):
+    """out= is written, never read (it starts as NaN); a 3-D addend of out's shape; fp32 out of
+    bf16 operands with an fp32 addend."""
+    m, n, k = 48, 24, 32
+    out_dtype = torch.float32 if fp32_out else torch.bfloat16
+    W = randn((m, k), torch.bfloat16, device, seed=21)
+    X = randn((2, n // 2, k), torch.bfloat16, device, seed=22)
+    R = randn((2, n // 2, m), out_dtype, device, seed=23)
+    bias = randn((m,), out_dtype, device, seed=24)
+    out = torch.full((2, n // 2, m), float("nan"), dtype=out_dtype, device=device)
+    res = ops.general_gemm(W, X, layout="TN", bias=bias, out=out, addend=R)
+    assert res.out is out and out.shape == (2, n // 2, m)
+    ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=bias)
+    assert_gemm_close(out, ref, absprod, out_dtype,
+                      extra=1.13 * tols(out_dtype)["rtol"] * summands)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("epilogue", ["none", "bias"])
+@pytest.mark.parametrize("fast_accum", [True, False], ids=["fast", "split"])
+def test_gemm_fp8_addend(device, epilogue, fast_accum):
+    """FP8 operands (TN) with a bfloat16 out and addend: y = x W^T (+ b) + residual in FP8."""
+    m, n, k = 64, 32, 96
+    A, A_si, B, B_si = fp8_case(device, "TN", m, n, k, ("e4m3", "e4m3"), seed=31)
+    run_case(device, "TN", m, n, k, None, torch.bfloat16, epilogue, False, seed=32, A=A, B=B,
+             A_si=A_si, B_si=B_si, fast_accum=fast_accum, addend=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_addend_errors(device):
+    A = randn((16, 32), torch.bfloat16, device)
+    B = randn((8, 32), torch.bfloat16, device)
+    R = randn((8, 16), torch.bfloat16, device, seed=1)
+    with pytest.raises(ValueError, match="general_gemm: addend and accumulate=True are exclusive"):
+        ops.general_gemm(A, B, out=torch.zeros_like(R), accumulate=True, addend=R)
+    with pytest.raises(ValueError, match=r"general_gemm: addend has shape \(8, 15\); expected "
+                                         r"out's shape \(8, 16\)"):
+        ops.general_gemm(A, B, addend=R[:, :15].contiguous())
+    with pytest.raises(ValueError, match=r"general_gemm: addend has shape \(16, 8\)"):
+        ops.general_gemm(A, B, addend=R.t().contiguous())
+    with pytest.raises(ValueError, match="general_gemm: addend has dtype float32; expected one of "
+                                         "bfloat16"):
+        ops.general_gemm(A, B, addend=R.float())
+    with pytest.raises(ValueError, match="general_gemm: addend .* is not contiguous"):
+        ops.general_gemm(A, B, addend=randn((16, 8), torch.bfloat16, device).t())
+    A8, A_si = fp8_operand((16, 32), "e4m3", device, 1)
+    B8, B_si = fp8_operand((16, 32), "e4m3", device, 2)
+    fp8 = native.fp8_dtype("e4m3", device)
+    with pytest.raises(ValueError, match="general_gemm: addend needs a high-precision out"):
+        ops.general_gemm(A8, B8, fp8, A_scale_inv=A_si, B_scale_inv=B_si,
+                         out_scale=torch.ones(1, device=device),
+                         addend=randn((16, 16), torch.bfloat16, device))
 
 
 # ----- FP8 ---------------------------------------------------------------------------------------
@@ -487,3 +579,155 @@ def test_gemm_workspace_per_stream():
         with torch.cuda.stream(s):
             gemm_mod.gemm_workspace(dev)
     assert len(gemm_mod._WORKSPACES) <= gemm_mod._MAX_WORKSPACES
+
+
+# ----- native only: the addend through the binding, a tuned plan and the modules' direct path -----
+
+@requires_native_gpu
+def test_native_gemm_with_c_errors_name_op():
+    """The C API's own checks (the binding's c argument): shape, dtype, overlap with D."""
+    mod = native.native_for_torch()
+    A = randn((32, 64), torch.bfloat16, "cuda", seed=1)
+    B = randn((16, 64), torch.bfloat16, "cuda", seed=2)
+    out = torch.empty((16, 32), dtype=torch.bfloat16, device="cuda")
+    ws = gemm_mod.gemm_workspace(torch.device("cuda"))
+    stream = native.stream_of(A)
+
+    def call(c, d=out):
+        mod.gemm(native.describe(A), True, native.describe(B), False, native.describe(d), None,
+                 None, 0, 1.0, 1.0, False, ws.data_ptr(), ws.numel(), stream, native.describe(c))
+    with pytest.raises(ValueError, match=r"nvte_gemm_with_c: C has shape \[16, 31\]; expected "
+                                         r"D's shape \[16, 32\]"):
+        call(torch.empty((16, 31), dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(ValueError, match="nvte_gemm_with_c: C has dtype float16; expected bfloat16"):
+        call(torch.empty((16, 32), dtype=torch.float16, device="cuda"))
+    big = torch.empty((17, 32), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="nvte_gemm_with_c: C overlaps D"):
+        call(big[1:], big[:16])
+
+
+@requires_native_gpu
+def test_gemm_addend_tuned_plan():
+    """A plan large enough to be tuned (2mnk > 3e10): with a distinct C the candidates are timed
+    (repeated runs overwrite D and only read C), and the result is still product + addend, the
+    addend untouched; later calls repeat the tuned algorithm bit for bit. The shape is used by no
+    other test."""
+    m, n, k = 2560, 2576, 2560
+    A, B = operands("TN", m, n, k, torch.bfloat16, "cuda", 41)
+    R = randn((n, m), torch.bfloat16, "cuda", seed=43, scale=4.0)
+    R0 = R.clone()
+    first = ops.general_gemm(A, B, layout="TN", addend=R).out
+    torch.cuda.synchronize()
+    assert torch.equal(R, R0)
+    plain = ops.general_gemm(A, B, layout="TN", out_dtype=torch.float32).out
+    want = plain + R.float()
+    t = tols(torch.bfloat16)
+    torch.testing.assert_close(first.float(), want, rtol=2 * t["rtol"],
+                               atol=2 * t["rtol"] * float(want.abs().max()))
+    for _ in range(2):
+        assert torch.equal(ops.general_gemm(A, B, layout="TN", addend=R).out, first)
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("bias", [False, True])
+def test_fast_gemm_addend(bias):
+    """module/_fast.gemm(addend=...): the modules' direct call, same result as general_gemm."""
+    from transformer_engine.pytorch.module import _fast
+    m, n, k = 64, 48, 80
+    W = randn((m, k), torch.bfloat16, "cuda", seed=51)
+    X = randn((n, k), torch.bfloat16, "cuda", seed=52)
+    R = randn((n, m), torch.bfloat16, "cuda", seed=53)
+    b = randn((m,), torch.bfloat16, "cuda", seed=54) if bias else None
+    nc = _fast.native_call(X)
+    out = torch.full((n, m), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _fast.gemm(nc, W, True, X, False, out, bias=b, addend=R)
+    want = ops.general_gemm(W, X, layout="TN", bias=b, addend=R).out
+    assert torch.equal(out, want)
+    ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=b)
+    assert_gemm_close(out, ref, absprod, torch.bfloat16,
+                      extra=1.13 * tols(torch.bfloat16)["rtol"] * summands)
+    with pytest.raises(ValueError, match="addend and beta=1.0"):
+        _fast.gemm(nc, W, True, X, False, out, beta=1.0, addend=R)
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_hp_forward_residual(dtype, bias):
+    """linear_hp_forward(..., residual, env): y = x W^T (+ b) + residual in the one GEMM, equal to
+    the call without a residual plus the residual (to the output's rounding)."""
+    from transformer_engine.pytorch.module import _fast
+    tokens, fin, fout = 48, 64, 96
+    x = randn((tokens, fin), dtype, "cuda", seed=61)
+    w = randn((fout, fin), dtype, "cuda", seed=62)
+    r = randn((tokens, fout), dtype, "cuda", seed=63, scale=4.0)
+    b = randn((fout,), dtype, "cuda", seed=64) if bias else None
+    r0 = r.clone()
+    nc = _fast.native_call(x)
+    code = native.DTYPE_CODE[dtype]
+    ys = []
+    for res in (0, r.data_ptr()):
+        y = torch.full((tokens, fout), float("nan"), dtype=dtype, device="cuda")
+        nc.mod.linear_hp_forward(x.data_ptr(), tokens, fin, w.data_ptr(), fout, code, y.data_ptr(),
+                                 b.data_ptr() if b is not None else 0, code, res, nc.env)
+        ys.append(y)
+    torch.cuda.synchronize()
+    y_plain, y_res = ys
+    assert torch.equal(r, r0)
+    ref, _, absprod, summands = model(w, x, "TN", acc=r, bias=b)
+    assert_gemm_close(y_res, ref, absprod, dtype, extra=1.13 * tols(dtype)["rtol"] * summands)
+    t = tols(dtype)
+    want = y_plain.double() + r.double()
+    torch.testing.assert_close(y_res.double(), want, rtol=2 * t["rtol"],
+                               atol=t["atol"] + 2 * t["rtol"] * float(want.abs().max()))
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_fp8_forward_residual(bias):
+    """linear_fp8_forward(..., residual, env): x and W cast to E4M3 (delayed scaling, scale 1),
+    y = xq wq^T (+ b) + residual in the one FP8 GEMM, equal to the call without a residual plus
+    the residual (to bf16 rounding)."""
+    from transformer_engine.pytorch.module import _fast
+    tokens, fin, fout = 32, 64, 48
+    dev = "cuda"
+    fp8 = native.fp8_dtype("e4m3", dev)
+    if native.capability(torch.device(dev)).fp8_flavor is None:
+        pytest.skip("no FP8 on this device")
+    x = randn((tokens, fin), torch.bfloat16, dev, seed=71)
+    w = randn((fout, fin), torch.bfloat16, dev, seed=72)
+    r = randn((tokens, fout), torch.bfloat16, dev, seed=73, scale=4.0)
+    b = randn((fout,), torch.bfloat16, dev, seed=74) if bias else None
+    r0 = r.clone()
+    hist = torch.zeros((1, 2), device=dev)
+    scale = torch.ones(2, device=dev)
+    scale_inv = torch.ones(2, device=dev)
+    counter = torch.zeros(2, dtype=torch.int32, device=dev)
+    scaling = (hist.data_ptr(), scale.data_ptr(), scale_inv.data_ptr(),
+               float(gemm_mod.fp8_max_of(fp8)), counter.data_ptr())
+    nc = _fast.native_call(x)
+    code = native.DTYPE_CODE
+    ys = []
+    for res in (0, r.data_ptr()):
+        xq = torch.empty((tokens, fin), dtype=fp8, device=dev)
+        wq = torch.empty((fout, fin), dtype=fp8, device=dev)
+        x_sinv = torch.empty(1, device=dev)
+        w_sinv = torch.empty(1, device=dev)
+        y = torch.full((tokens, fout), float("nan"), dtype=torch.bfloat16, device=dev)
+        nc.mod.linear_fp8_forward(
+            x.data_ptr(), code[x.dtype], tokens, fin, w.data_ptr(), code[w.dtype], fout, True,
+            scaling, True, code[fp8], xq.data_ptr(), 0, x_sinv.data_ptr(), wq.data_ptr(),
+            code[fp8], 0, w_sinv.data_ptr(), y.data_ptr(), code[torch.bfloat16],
+            b.data_ptr() if b is not None else 0, code[torch.bfloat16], res, nc.env)
+        ys.append((y, xq, wq))
+    torch.cuda.synchronize()
+    (y_plain, xq, wq), (y_res, _, _) = ys
+    assert torch.equal(r, r0)
+    ref, _, absprod, summands = model(wq.float(), xq.float(), "TN", acc=r, bias=b)
+    assert_gemm_close(y_res, ref, absprod, torch.bfloat16, fp8=True,
+                      extra=1.13 * tols(torch.bfloat16)["rtol"] * summands)
+    t = tols(torch.bfloat16)
+    want = y_plain.double() + r.double()
+    torch.testing.assert_close(y_res.double(), want, rtol=2 * t["rtol"],
+                               atol=t["atol"] + 2 * t["rtol"] * float(want.abs().max()))

@@ -71,6 +71,8 @@ def test_fake_implementations_match_real(device):
     scale = torch.ones(1, device=device)
     cases = [
         (te_ops.gemm, (w, x, torch.bfloat16, "TN", None, None, g.new_ones(64), True, None, False, False)),
+        (te_ops.gemm, (w, x, torch.bfloat16, "TN", None, None, None, False, None, False, False,
+                       randn((48, 64), torch.bfloat16, device, seed=5))),
         (te_ops.cast_transpose, (x, scale, fp8, None)),
         (te_ops.quantize, (x, scale, fp8, None)),
         (te_ops.transpose, (x,)),
@@ -89,3 +91,31 @@ def test_fake_implementations_match_real(device):
         fake = fake if isinstance(fake, (tuple, list)) else (fake,)
         for r_, f_ in zip(real, fake):
             assert tuple(r_.shape) == tuple(f_.shape) and r_.dtype == f_.dtype, op
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_addend_under_compile(device):
+    """general_gemm(addend=...) traced through te::gemm (fullgraph): the addend rides the op and
+    the result equals eager, bit for bit; addend with accumulate=True is refused while tracing."""
+    from transformer_engine.pytorch.library import dispatch
+    torch._dynamo.reset()
+    w = randn((64, 32), torch.bfloat16, device, seed=11)
+    x = randn((48, 32), torch.bfloat16, device, seed=12)
+    b = randn((64,), torch.bfloat16, device, seed=13)
+    r = randn((48, 64), torch.bfloat16, device, seed=14)
+
+    def fn(w, x, b, r):
+        res = dispatch.general_gemm(w, x, layout="TN", bias=b, gelu=True, addend=r)
+        return res.out, res.gelu_input
+
+    eager = fn(w, x, b, r)
+    traced = torch.compile(fn, fullgraph=True, backend="aot_eager")(w, x, b, r)
+    for e, t in zip(eager, traced):
+        assert torch.equal(e, t)
+
+    def bad(w, x, r):
+        return dispatch.general_gemm(w, x, layout="TN", out=torch.zeros_like(r), accumulate=True,
+                                     addend=r).out
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="addend and accumulate=True are exclusive"):
+        torch.compile(bad, fullgraph=True, backend="aot_eager")(w, x, r)

@@ -47,6 +47,7 @@ __device__ __forceinline__ void store_from_float(void* p, NVTEDType t, int64_t i
 struct EpilogueParams {
   void* d;
   NVTEDType d_type;
+  const void* src;  // where the value before the epilogue is read (D's type): D, or the addend C
   const void* bias;  // added (Bias, BiasGeluAux)
   NVTEDType bias_type;
   void* aux;
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) epilogue_kernel(EpilogueParams p) {
     for (int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + ty; row < p.n;
          row += int64_t(gridDim.y) * kRowsPerBlock) {
       const int64_t idx = row * p.m + col;
-      float r = p.result_scale != 0.f ? p.result_scale * load_as_float(p.d, p.d_type, idx) : 0.f;
+      float r = p.result_scale != 0.f ? p.result_scale * load_as_float(p.src, p.d_type, idx) : 0.f;
       r += bias;
       if (p.gelu_forward) {
         store_from_float(p.aux, p.aux_type, idx, r);
@@ -167,13 +168,13 @@ void store_bias_grad(const float* acc, void* bias, NVTEDType bias_type, int64_t 
   check_launch("store_bias_grad_kernel");
 }
 
-// BGradB: D = result_scale * D (only k = 0 leaves something to do: result_scale = beta), and
-// the bias = column sums of B ([k, n] row-major; nvte_gemm admits BGradB only with transb).
-void run_bgradb(const GemmArgs& g, float result_scale, cudaStream_t stream) {
-  if (result_scale != 1.f && g.m > 0 && g.n > 0) {
+// BGradB: D = result_scale * S (only k = 0 leaves something to do: result_scale = beta, S = C),
+// and the bias = column sums of B ([k, n] row-major; nvte_gemm admits BGradB only with transb).
+void run_bgradb(const GemmArgs& g, float result_scale, const void* src, cudaStream_t stream) {
+  if ((result_scale != 1.f || (src != nullptr && src != g.d)) && g.m > 0 && g.n > 0) {
     GemmArgs plain = g;
     plain.epilogue = kNVTEGemmEpilogueNone;
-    run_unfused_epilogue(plain, result_scale);
+    run_unfused_epilogue(plain, result_scale, src);
   }
   if (g.n == 0) return;
   float* acc = bias_grad_scratch(g, g.n);
@@ -181,6 +182,7 @@ void run_bgradb(const GemmArgs& g, float result_scale, cudaStream_t stream) {
     EpilogueParams p{};
     p.d = const_cast<void*>(g.b);
     p.d_type = g.b_type;
+    p.src = g.b;
     p.m = g.n;
     p.n = g.k;
     p.result_scale = 1.f;
@@ -192,13 +194,14 @@ void run_bgradb(const GemmArgs& g, float result_scale, cudaStream_t stream) {
 
 }  // namespace
 
-void run_unfused_epilogue(const GemmArgs& g, float result_scale) {
+void run_unfused_epilogue(const GemmArgs& g, float result_scale, const void* src) {
   cudaStream_t stream = to_stream(g.stream);
-  if (g.epilogue == kNVTEGemmEpilogueBGradB) return run_bgradb(g, result_scale, stream);
+  if (g.epilogue == kNVTEGemmEpilogueBGradB) return run_bgradb(g, result_scale, src, stream);
   if (g.m == 0 || g.n == 0) return;
   EpilogueParams p{};
   p.d = g.d;
   p.d_type = g.d_type;
+  p.src = src != nullptr ? src : g.d;
   p.bias = epilogue_adds_bias(g.epilogue) ? g.bias : nullptr;
   p.bias_type = g.bias_type;
   p.aux = g.aux;

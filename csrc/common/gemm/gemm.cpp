@@ -31,7 +31,7 @@ PlanKey plan_key(const GemmArgs& a, int device) {
                      (a.d_amax != nullptr ? 8 : 0) | (a.beta != 0.f ? 16 : 0),
                  a.epilogue, alignment_of(a.a), alignment_of(a.b), alignment_of(a.d),
                  alignment_of(a.bias), alignment_of(a.aux), static_cast<int64_t>(a.workspace_size),
-                 0, 0, 0};
+                 alignment_of(addend_of(a)), 0, 0};
 }
 
 const char* describe_problem(const GemmArgs& a) {
@@ -141,6 +141,43 @@ void check_fp8_shape(const GemmArgs& g) {
                " k=", g.k, " (pad the token dimension or use a high-precision GEMM)");
   TE_CHECK_ARG(aligned16(g.a) && aligned16(g.b) && aligned16(g.d),
                "FP8 GEMM needs 16-byte aligned A, B and D data pointers");
+  TE_CHECK_ARG(aligned16(g.c), "FP8 GEMM needs a 16-byte aligned C data pointer (like A, B and D)");
+}
+
+bool overlap(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  return p_bytes > 0 && q_bytes > 0 && a < b + q_bytes && b < a + p_bytes;
+}
+
+// The addend C of nvte_gemm_with_c. Returns the pointer GemmArgs::c takes: null when C is D
+// (the same buffer: nvte_gemm's accumulation), else C's data.
+const void* check_addend(const NVTETensor* C, const NVTETensor& D, const GemmArgs& g) {
+  if (C == nullptr) return nullptr;
+  check_tensor(C, "C");
+  const bool same = C->data == D.data;
+  TE_CHECK_ARG(same || !is_fp8(D.dtype), "C (an addend distinct from D) needs a high-precision D; ",
+               "D is ", nvte_dtype_name(D.dtype), " (pass C = NULL or C == D with beta = 0)");
+  int64_t rows = 0, cols = 0;
+  as_2d(*C, &rows, &cols);
+  TE_CHECK_ARG(rows == g.n && cols == g.m, "C has shape ", shape_str(*C), "; expected D's shape [",
+               g.n, ", ", g.m, "]");
+  TE_CHECK_ARG(C->dtype == D.dtype, "C has dtype ", nvte_dtype_name(C->dtype), "; expected ",
+               nvte_dtype_name(D.dtype), " like D");
+  if (same || g.m == 0 || g.n == 0) return nullptr;
+  // Repeated runs (cuBLASLt times its candidates on the call's own operands) and split kernels
+  // must not see C change under them: it may not share memory with what the GEMM writes.
+  const size_t bytes = size_t(g.m) * size_t(g.n) * nvte_dtype_size(D.dtype);
+  TE_CHECK_ARG(!overlap(C->data, bytes, D.data, bytes), "C overlaps D at another address; pass ",
+               "C == D to accumulate in place, or a separate buffer");
+  return C->data;
+}
+
+// A distinct C must not share memory with the GELU epilogues' aux output either (aux validated).
+void check_addend_vs_aux(const GemmArgs& g, const NVTETensor* aux) {
+  if (g.c == nullptr || !epilogue_gelu_forward(g.epilogue)) return;
+  const size_t bytes = size_t(g.m) * size_t(g.n) * nvte_dtype_size(g.d_type);
+  TE_CHECK_ARG(!overlap(g.c, bytes, aux->data, size_t(numel(*aux)) * nvte_dtype_size(aux->dtype)),
+               "C overlaps aux (the GELU input output); pass a separate buffer");
 }
 
 }  // namespace
@@ -154,12 +191,16 @@ extern "C" size_t nvte_gemm_workspace_size(void) {
   return kInternalScratchBytes + kLibraryWorkspaceBytes;
 }
 
-extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETensor* B, bool transb,
-                                NVTETensor* D, NVTETensor* bias, NVTETensor* aux,
-                                NVTEGemmEpilogue epilogue, float alpha, float beta,
-                                bool use_fast_accum, void* workspace, size_t workspace_size,
-                                NVTEStream stream) {
-  return guard("nvte_gemm", [&] {
+namespace {
+
+// nvte_gemm and nvte_gemm_with_c: `op` names the entry point in error messages; C null means C
+// is D.
+NVTEStatus gemm_entry(const char* op, const NVTETensor* A, bool transa, const NVTETensor* B,
+                      bool transb, const NVTETensor* C, NVTETensor* D, NVTETensor* bias,
+                      NVTETensor* aux, NVTEGemmEpilogue epilogue, float alpha, float beta,
+                      bool use_fast_accum, void* workspace, size_t workspace_size,
+                      NVTEStream stream) {
+  return guard(op, [&] {
     check_tensor(A, "A");
     check_tensor(B, "B");
     check_tensor(D, "D");
@@ -202,9 +243,11 @@ extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETens
     g.alpha = alpha;
     g.beta = beta;
     g.stream = stream;
+    g.c = check_addend(C, *D, g);
     TE_CHECK_ARG(!(beta != 0.f && fp8_out), "beta=", beta, " accumulates into D, which needs a ",
                  "high-precision D; D is ", nvte_dtype_name(D->dtype));
     check_epilogue_tensors(g, bias, aux);
+    check_addend_vs_aux(g, aux);
     if (epilogue_uses_bias(epilogue)) {
       g.bias = bias->data;
       g.bias_type = bias->dtype;
@@ -243,8 +286,8 @@ extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETens
         zero_device(g.bias, size_t(g.m) * nvte_dtype_size(g.bias_type), stream);
       if (epilogue == kNVTEGemmEpilogueBGradB) run_unfused_epilogue(g, 1.f);
     } else if (g.k == 0) {
-      // An empty reduction: D = epilogue(beta * D). The libraries reject k = 0.
-      run_unfused_epilogue(g, beta);
+      // An empty reduction: D = epilogue(beta * C). The libraries reject k = 0.
+      run_unfused_epilogue(g, beta, g.c);
     } else {
       backend_run(g);
     }
@@ -253,4 +296,25 @@ extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETens
       finalize_fp8_output(D->amax, computed ? g.d_amax : nullptr, D->scale, D->scale_inv, stream);
     }
   });
+}
+
+}  // namespace
+
+extern "C" NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETensor* B, bool transb,
+                                NVTETensor* D, NVTETensor* bias, NVTETensor* aux,
+                                NVTEGemmEpilogue epilogue, float alpha, float beta,
+                                bool use_fast_accum, void* workspace, size_t workspace_size,
+                                NVTEStream stream) {
+  return gemm_entry("nvte_gemm", A, transa, B, transb, nullptr, D, bias, aux, epilogue, alpha,
+                    beta, use_fast_accum, workspace, workspace_size, stream);
+}
+
+extern "C" NVTEStatus nvte_gemm_with_c(const NVTETensor* A, bool transa, const NVTETensor* B,
+                                       bool transb, const NVTETensor* C, NVTETensor* D,
+                                       NVTETensor* bias, NVTETensor* aux,
+                                       NVTEGemmEpilogue epilogue, float alpha, float beta,
+                                       bool use_fast_accum, void* workspace,
+                                       size_t workspace_size, NVTEStream stream) {
+  return gemm_entry("nvte_gemm_with_c", A, transa, B, transb, C, D, bias, aux, epilogue, alpha,
+                    beta, use_fast_accum, workspace, workspace_size, stream);
 }

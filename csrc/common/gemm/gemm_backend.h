@@ -38,9 +38,12 @@ struct GemmArgs {
   NVTEDType b_type = kNVTEFloat32;
   int64_t ldb = 1;
   const float* b_scale_inv = nullptr;  // FP8 B only
-  void* d = nullptr;                   // also C when beta != 0
+  void* d = nullptr;                   // also C when beta != 0 and c is null
   NVTEDType d_type = kNVTEFloat32;
   int64_t ldd = 1;
+  // The addend C when it is a buffer other than D (nvte_gemm_with_c): D's type, shape and leading
+  // dimension, high-precision D only, never overlapping D. Read when beta != 0. Null: C is D.
+  const void* c = nullptr;
   const float* d_scale = nullptr;  // FP8 D only
   float* d_amax = nullptr;         // FP8 D only: the library *overwrites* it (null: not wanted)
   // FP8 D only: what to pass as C. The libraries refuse C == D when C's type differs from D's
@@ -111,6 +114,9 @@ struct PlanKeyHash {
   }
 };
 
+// What the library reads as C for a high-precision D: the distinct addend, else D itself.
+inline const void* addend_of(const GemmArgs& g) { return g.c != nullptr ? g.c : g.d; }
+
 // Human-readable problem description for error messages ("bfloat16 x bfloat16 -> float32, TN,
 // m=.. n=.. k=.., epilogue BiasGeluAux").
 const char* describe_problem(const GemmArgs& args);
@@ -126,12 +132,13 @@ void backend_run(const GemmArgs& args);
 
 // ---- portable kernels (csrc/common/gemm/epilogue.cu) -----------------------------------------
 // Applies args.epilogue in place for a library that computed only the plain product: the value
-// before the epilogue is `result_scale * D` (D holds alpha op(A) op(B) + beta C), or 0 when
-// result_scale == 0 (D is then not read: the k = 0 case). Writes aux / the bias gradient as the
-// fused epilogues do, quantises an FP8 D with d_scale and overwrites *d_amax. BGradB sums B's
-// columns (B is read, never written). A bias gradient needs 4 * bias_length(args) bytes of
+// before the epilogue is `result_scale * S` with S = src (null: D, which holds
+// alpha op(A) op(B) + beta C), or 0 when result_scale == 0 (S is then not read). The k = 0 case
+// passes result_scale = beta and src = args.c (null when C is D). Writes aux / the bias gradient
+// as the fused epilogues do, quantises an FP8 D with d_scale and overwrites *d_amax. BGradB sums
+// B's columns (B is read, never written). A bias gradient needs 4 * bias_length(args) bytes of
 // args.workspace.
-void run_unfused_epilogue(const GemmArgs& args, float result_scale);
+void run_unfused_epilogue(const GemmArgs& args, float result_scale, const void* src = nullptr);
 // amax[0] = max(amax[0], amax_src[0]) and scale_inv[0] = 1 / scale[0]; null pointers skip a part.
 void finalize_fp8_output(float* amax, const float* amax_src, const float* scale, float* scale_inv,
                          NVTEStream stream);

@@ -21,16 +21,20 @@ def _te():
 
 def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale_inv=None,
                  bias=None, gelu=False, gelu_input=None, bias_grad=False, out=None,
-                 accumulate=False, use_split_accumulator=False) -> GemmOutput:
+                 accumulate=False, use_split_accumulator=False, addend=None) -> GemmOutput:
     if not _is_compiling():
         return ops.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
                                 B_scale_inv=B_scale_inv, bias=bias, gelu=gelu, gelu_input=gelu_input,
                                 bias_grad=bias_grad, out=out, accumulate=accumulate,
-                                use_split_accumulator=use_split_accumulator)
+                                use_split_accumulator=use_split_accumulator, addend=addend)
+    if addend is not None and accumulate:  # the op below never sees accumulate: refuse it here
+        raise ValueError("general_gemm: addend and accumulate=True are exclusive (both are the "
+                         "GEMM's C operand: accumulate adds out, addend another tensor)")
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else (torch.bfloat16 if A_scale_inv is not None else A.dtype)
+    # the addend rides the op (the GEMM's C operand), so the graph keeps one node for the fused add
     res, bgrad, aux = _te().gemm(A, B, out_dtype, layout, A_scale_inv, B_scale_inv, bias, gelu,
-                                 gelu_input, bias_grad, use_split_accumulator)
+                                 gelu_input, bias_grad, use_split_accumulator, addend)
     if out is not None:  # traced form of "write into / accumulate into out"
         if accumulate:
             out.add_(res.view(out.shape))

@@ -38,11 +38,12 @@ def _side_dtypes(out_dtype):
 @torch.library.custom_op("te::gemm", mutates_args=())
 def gemm(A: Tensor, B: Tensor, out_dtype: torch.dtype, layout: str, A_scale_inv: Optional[Tensor],
          B_scale_inv: Optional[Tensor], bias: Optional[Tensor], gelu: bool,
-         gelu_input: Optional[Tensor], bias_grad: bool, use_split_accumulator: bool
-         ) -> Tuple[Tensor, Tensor, Tensor]:
+         gelu_input: Optional[Tensor], bias_grad: bool, use_split_accumulator: bool,
+         addend: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     r = ops.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
                          B_scale_inv=B_scale_inv, bias=bias, gelu=gelu, gelu_input=gelu_input,
-                         bias_grad=bias_grad, use_split_accumulator=use_split_accumulator)
+                         bias_grad=bias_grad, use_split_accumulator=use_split_accumulator,
+                         addend=addend)
     side, aux = _side_dtypes(out_dtype)
     return (r.out, r.bias_grad if r.bias_grad is not None else _empty(A, side),
             r.gelu_input if r.gelu_input is not None else _empty(A, aux))
@@ -50,7 +51,7 @@ def gemm(A: Tensor, B: Tensor, out_dtype: torch.dtype, layout: str, A_scale_inv:
 
 @gemm.register_fake
 def _(A, B, out_dtype, layout, A_scale_inv, B_scale_inv, bias, gelu, gelu_input, bias_grad,
-      use_split_accumulator):
+      use_split_accumulator, addend=None):
     m, out_shape = _gemm_shapes(A, B, layout)
     side, aux = _side_dtypes(out_dtype)
     out = A.new_empty(out_shape, dtype=out_dtype)

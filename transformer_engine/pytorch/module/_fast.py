@@ -101,14 +101,23 @@ def _epilogue(bias, bias_grad):
 
 
 def gemm(nc, A, transa, B, transb, out, A_sinv=None, B_sinv=None, bias=None, beta=0.0,
-         fast_accum=True, bias_grad=None):
+         fast_accum=True, bias_grad=None, *, addend=None):
     """out = op(B) @ op(A) (+ bias) (+ beta * out): see ops/gemm.py for the layouts. bias_grad
-    (layout NT, high precision: a wgrad) receives the column sums of B in the same GEMM."""
+    (layout NT, high precision: a wgrad) receives the column sums of B in the same GEMM.
+    addend (out's shape and dtype, high-precision out): out = op(B) @ op(A) + addend (+ bias), the
+    addend read by the GEMM as its C operand (beta 1; exclusive with beta != 0, accumulation
+    into out). The C API checks the addend's shape and dtype."""
     a = (A.data_ptr(), A.shape, _CODE[A.dtype], 0, 0, A_sinv.data_ptr() if A_sinv is not None else 0)
     b = (B.data_ptr(), B.shape, _CODE[B.dtype], 0, 0, B_sinv.data_ptr() if B_sinv is not None else 0)
     epilogue, side = _epilogue(bias, bias_grad)
-    nc.mod.gemm(a, transa, b, transb, _desc(out), side, None, epilogue, 1.0, beta, fast_accum,
-                nc.ws_ptr, nc.ws_size, nc.stream)
+    if addend is None:
+        nc.mod.gemm(a, transa, b, transb, _desc(out), side, None, epilogue, 1.0, beta, fast_accum,
+                    nc.ws_ptr, nc.ws_size, nc.stream)
+        return out
+    if beta != 0.0:
+        raise ValueError(f"gemm: addend and beta={beta} (accumulation into out) are exclusive")
+    nc.mod.gemm(a, transa, b, transb, _desc(out), side, None, epilogue, 1.0, 1.0, fast_accum,
+                nc.ws_ptr, nc.ws_size, nc.stream, _desc(addend))
     return out
 
 

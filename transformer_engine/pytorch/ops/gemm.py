@@ -17,12 +17,19 @@ scale_inv); m, n, k must then be multiples of 16, and NVIDIA GPUs before Blackwe
 in the TN layout (make transposed copies with cast_transpose). FP8 output: out_scale quantises,
 out_amax is updated with max|result| (before scaling) and out_scale_inv receives 1/out_scale.
 
-Epilogues (r = alpha * product [+ out when accumulate], in fp32):
+Epilogues (r = alpha * product [+ out when accumulate] [+ addend], in fp32):
     bias                out = r + bias
     gelu=True           gelu_input = r (+ bias);  out = gelu(gelu_input)     (tanh GELU)
     gelu_input=x        out = r * gelu'(x)        [bias_grad=True: also sum(out, rows)]
     bias_grad=True      out = r;  bias_grad = sum(op_b(B), k)   (no gelu_input: layout "NT" and
                         high-precision operands; a Linear's wgrad with its bias gradient, B = dY)
+    addend=t            r includes + t: added with the product, before the bias and the activation
+                        (like bias: gelu=True gives gelu(product + addend + bias)). t has out's
+                        shape and dtype (high-precision out only) and is read, never written; the
+                        GEMM reads it as its C operand (nvte_gemm_with_c, beta = 1), so a residual
+                        add costs no extra kernel:  Y = X @ W.T + b + residual  is
+                        general_gemm(W, X, layout="TN", bias=b, addend=residual).
+                        Exclusive with accumulate=True (which adds out itself).
 Returns GemmOutput(out, bias_grad, gelu_input), None for the parts not asked for.
 
 The native path runs on CUDA/ROCm tensors when the native core is built for this torch; the
@@ -112,14 +119,15 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
 
 def gemm_reference(A, B, transa, transb, out, *, A_scale_inv=None, B_scale_inv=None, bias=None,
                    aux=None, epilogue=EPILOGUE_NONE, alpha=1.0, beta=0.0, out_scale=None,
-                   out_amax=None, out_scale_inv=None, bias_out=None):
-    """Plain-torch nvte_gemm: fills `out` (and aux / bias_out / the FP8 metadata) in place."""
+                   out_amax=None, out_scale_inv=None, bias_out=None, addend=None):
+    """Plain-torch nvte_gemm_with_c: fills `out` (and aux / bias_out / the FP8 metadata) in place.
+    The addend C is `addend`, or `out` itself when None (nvte_gemm); read when beta != 0."""
     a = A.float() * A_scale_inv if A_scale_inv is not None else A.float()
     b = B.float() * B_scale_inv if B_scale_inv is not None else B.float()
     a, b = _as_2d(a), _as_2d(b)
     r = alpha * ((b.t() if transb else b) @ (a.t() if transa else a))
     if beta != 0.0:
-        r = r + beta * _as_2d(out).float()
+        r = r + beta * _as_2d(addend if addend is not None else out).float()
     if epilogue in (EPILOGUE_BIAS, EPILOGUE_BIAS_GELU_AUX):
         r = r + bias.float().reshape(1, -1)
     if epilogue in (EPILOGUE_GELU_AUX, EPILOGUE_BIAS_GELU_AUX):
@@ -197,6 +205,20 @@ def _out_dtype(A, fp8_in, out_dtype, out):
     return out_dtype
 
 
+def _check_addend(addend, accumulate, fp8_out, out_dtype, out_shape, n, m, device):
+    if accumulate:
+        raise ValueError(f"{OP}: addend and accumulate=True are exclusive (both are the GEMM's C "
+                         "operand: accumulate adds out, addend another tensor)")
+    if fp8_out:
+        raise ValueError(f"{OP}: addend needs a high-precision out; out_dtype is {out_dtype}")
+    check_tensor(OP, "addend", addend, (out_dtype,))
+    if addend.numel() != n * m or (addend.dim() and addend.shape[-1] != m):
+        raise ValueError(f"{OP}: addend has shape {tuple(addend.shape)}; expected out's shape "
+                         f"{out_shape}")
+    if addend.device != device:
+        raise ValueError(f"{OP}: addend is on {addend.device}; expected {device}")
+
+
 def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dtype] = None, *,
                  layout: str = "TN", A_scale_inv: Optional[torch.Tensor] = None,
                  B_scale_inv: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
@@ -205,13 +227,16 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
                  accumulate: bool = False, alpha: float = 1.0,
                  out_scale: Optional[torch.Tensor] = None, out_amax: Optional[torch.Tensor] = None,
                  out_scale_inv: Optional[torch.Tensor] = None,
-                 use_split_accumulator: bool = False) -> GemmOutput:
-    """out = op_b(B) @ op_a(A) with an optional epilogue; see the module docstring.
+                 use_split_accumulator: bool = False,
+                 addend: Optional[torch.Tensor] = None) -> GemmOutput:
+    """out = op_b(B) @ op_a(A) (+ addend) with an optional epilogue; see the module docstring.
 
     out_dtype defaults to out's dtype, else A's (bfloat16 for FP8 operands). `out` is written in
-    place (accumulate=True adds to it: beta = 1). bias is cast to the dtype the GEMM needs (out's,
-    or bfloat16 for an FP8 out). use_split_accumulator=True turns FP8 fast accumulation off (the
-    precise mode, for wgrad); the default keeps it on, as for forward GEMMs."""
+    place (accumulate=True adds to it: beta = 1). addend (out's shape and dtype) is added in the
+    GEMM itself, before the bias and GELU; not with accumulate=True. bias is cast to the dtype the
+    GEMM needs (out's, or bfloat16 for an FP8 out). use_split_accumulator=True turns FP8 fast
+    accumulation off (the precise mode, for wgrad); the default keeps it on, as for forward
+    GEMMs."""
     transa, transb = _parse_layout(layout)
     fp8_in = _check_operands(A, B, A_scale_inv, B_scale_inv)
     m, n, k = _dims(A, B, transa, transb)
@@ -242,6 +267,8 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
             raise ValueError(f"{OP}: out is on {out.device}; expected {device}")
     if accumulate and fp8_out:
         raise ValueError(f"{OP}: accumulate=True needs a high-precision out; out_dtype is {out_dtype}")
+    if addend is not None:
+        _check_addend(addend, accumulate, fp8_out, out_dtype, out_shape, n, m, device)
 
     # Epilogue and its tensors. Bias and GELU input follow out's dtype (16-bit for an FP8 out).
     side_dtype = out_dtype if not fp8_out else torch.bfloat16
@@ -279,7 +306,7 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
     else:
         epilogue = EPILOGUE_BIAS if bias is not None else EPILOGUE_NONE
     bias_arg = bias if bias is not None else bias_out
-    beta = 1.0 if accumulate else 0.0
+    beta = 1.0 if (accumulate or addend is not None) else 0.0
 
     if native.use_native(A):
         stream = native.stream_of(A)
@@ -291,10 +318,10 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
             native.describe(bias_arg) if bias_arg is not None else None,
             native.describe(aux) if aux is not None else None,
             epilogue, float(alpha), beta, not use_split_accumulator,
-            ws_ptr, ws_size, stream)
+            ws_ptr, ws_size, stream, native.describe(addend) if addend is not None else None)
     else:
         gemm_reference(A, B, transa, transb, out, A_scale_inv=A_scale_inv, B_scale_inv=B_scale_inv,
                        bias=bias, aux=aux, epilogue=epilogue, alpha=alpha, beta=beta,
                        out_scale=out_scale, out_amax=out_amax, out_scale_inv=out_scale_inv,
-                       bias_out=bias_out)
+                       bias_out=bias_out, addend=addend)
     return GemmOutput(out, bias_out, aux if gelu else None)

@@ -1,20 +1,24 @@
-/* Dense GEMM with FP8 scaling and fused epilogues, one entry point on every vendor (cuBLASLt on
- * NVIDIA; hipBLASLt or rocBLAS on AMD, chosen by NVTE_USE_HIPBLASLT at call time).
+/* Dense GEMM with FP8 scaling and fused epilogues, one implementation on every vendor (cuBLASLt
+ * on NVIDIA; hipBLASLt or rocBLAS on AMD, chosen by NVTE_USE_HIPBLASLT at call time). Two entry
+ * points: nvte_gemm_with_c reads the addend C from its own buffer; nvte_gemm is the same call
+ * with C = D.
  *
  * ---- Convention: the column-major (BLAS) view ----------------------------------------------
  * Every tensor is a dense row-major array viewed as 2-D, [rows, cols] = [prod(shape[:-1]),
  * shape[-1]]. Read in column-major order, that same memory is the cols x rows matrix, which is
- * what the BLAS libraries see. In that view nvte_gemm computes
+ * what the BLAS libraries see. In that view nvte_gemm_with_c computes
  *
- *     D (m x n)  =  epilogue( alpha * op(A) * op(B)  +  beta * D )
+ *     D (m x n)  =  epilogue( alpha * op(A) * op(B)  +  beta * C )
  *
  * with op(X) = X^T when transX is true, and
  *     A: transa ? k x m : m x k      (row-major A has shape [m, k] when transa, else [k, m])
  *     B: transb ? n x k : k x n      (row-major B has shape [k, n] when transb, else [n, k])
  *     D: m x n                       (row-major D has shape [n, m])
+ *     C: m x n, like D               (nvte_gemm: C is D)
  *
  * ---- The same thing in row-major (PyTorch) terms ---------------------------------------------
- *     D[n, m] = op_b(B) @ op_a(A),   op_a(A) = A^T if transa else A,  op_b(B) = B^T if transb else B
+ *     D[n, m] = op_b(B) @ op_a(A) (+ beta C[n, m]),
+ *     op_a(A) = A^T if transa else A,  op_b(B) = B^T if transb else B
  * Layout names give (transa, transb): "TN", "NN", "NT". For a Linear layer with weight W [out, in]
  * and input X [tokens, in]:
  *     fprop  Y  = X @ W^T   :  A = W,  B = X,  TN   -> D [tokens, out]
@@ -37,7 +41,7 @@
  *   use_fast_accum: FP8 only. Accumulates in the tensor cores' reduced precision (faster; the
  *     default of forward GEMMs); pass false for wgrad. Libraries without the option ignore it.
  *
- * ---- Epilogues (r = alpha * op(A) op(B) + beta * D, in fp32 before rounding) ------------------
+ * ---- Epilogues (r = alpha * op(A) op(B) + beta * C, in fp32 before rounding) ------------------
  *   None            D = r
  *   Bias            D = r + bias                     bias [m]
  *   GeluAux         aux = r;         D = gelu(r)     aux has D's shape
@@ -54,16 +58,27 @@
  * D's dtype (float16 or bfloat16 when D is FP8), same row-major shape as D. Unused bias/aux
  * pointers may be NULL.
  *
- * ---- Accumulation ----------------------------------------------------------------------------
- *   beta != 0 reads D (beta = 1: accumulate into an existing buffer, e.g. fp32 main_grad). D must
- *   then be high precision. beta == 0 never reads D, so it may hold garbage.
+ * C is part of r, so it is added before the bias and the activation (as cuBLASLt defines its
+ * epilogues), on every library: with a distinct C, Bias gives D = alpha op(A) op(B) + beta C + bias
+ * (a Linear layer's output with its residual added: C = the residual, beta = 1) and BiasGeluAux
+ * D = gelu(alpha op(A) op(B) + beta C + bias).
+ *
+ * ---- Accumulation and the addend C -----------------------------------------------------------
+ *   nvte_gemm: beta != 0 reads D (beta = 1: accumulate into an existing buffer, e.g. fp32
+ *   main_grad). D must then be high precision. beta == 0 never reads D, so it may hold garbage.
+ *   nvte_gemm_with_c: C NULL or C->data == D->data is nvte_gemm (the rules above). A distinct C
+ *   has D's shape (as 2-D) and dtype, needs a high-precision D (an FP8 D with a distinct C is
+ *   kNVTEInvalidArgument, whatever beta), must not overlap D or a GELU aux output, and is 16-byte
+ *   aligned for FP8 operands like A, B and D. Any beta is allowed; beta == 0 never reads C. C is
+ *   only read, so a call can be repeated with the same result (D = residual + X W^T leaves the
+ *   residual as it was).
  *
  * ---- Resources -------------------------------------------------------------------------------
  *   workspace: device memory of nvte_gemm_workspace_size() bytes (256-byte aligned), owned by the
  *   caller and reusable by every GEMM on the stream. A smaller one still works but lets the
  *   library choose only algorithms that fit (and at least 256 bytes are needed for an FP8 D).
  *   No host synchronisation; safe under stream capture. Empty problems (m or n = 0) launch nothing
- *   except zeroing a bias gradient; k = 0 gives D = epilogue(beta * D).
+ *   except zeroing a bias gradient; k = 0 gives D = epilogue(beta * C).
  */
 #ifndef TRANSFORMER_ENGINE_GEMM_H_
 #define TRANSFORMER_ENGINE_GEMM_H_
@@ -94,6 +109,15 @@ NVTEStatus nvte_gemm(const NVTETensor* A, bool transa, const NVTETensor* B, bool
                      NVTETensor* D, NVTETensor* bias, NVTETensor* aux, NVTEGemmEpilogue epilogue,
                      float alpha, float beta, bool use_fast_accum, void* workspace,
                      size_t workspace_size, NVTEStream stream);
+
+/* nvte_gemm with the addend C read from its own buffer: D = epilogue(alpha op(A) op(B) + beta C)
+ * (see "Accumulation and the addend C" above). C may be NULL (C is D: exactly nvte_gemm). Error
+ * messages name nvte_gemm_with_c. */
+NVTEStatus nvte_gemm_with_c(const NVTETensor* A, bool transa, const NVTETensor* B, bool transb,
+                            const NVTETensor* C, NVTETensor* D, NVTETensor* bias, NVTETensor* aux,
+                            NVTEGemmEpilogue epilogue, float alpha, float beta,
+                            bool use_fast_accum, void* workspace, size_t workspace_size,
+                            NVTEStream stream);
 
 /* Bytes of workspace nvte_gemm can use (the same for every problem, so one buffer per device
  * serves all calls). */
