@@ -7,6 +7,7 @@ The reference blocks are written from the layer's documented structure with torc
 (layer_norm, linear, scaled_dot_product_attention, gelu/silu/relu), independent of our ops.
 CPU runs them in float32 and bfloat16 (reference backend); the GPU in bfloat16 (native kernels).
 """
+import copy
 import math
 
 import pytest
@@ -244,14 +245,33 @@ def test_transformer_layer_matches_reference(name, device, dtype):
     want = torch.autograd.grad(ref, [x] + params, grad)
     names = ["input"] + [n for n, _ in layer.named_parameters()]
     by_name = dict(zip(names, want))
+    truth = _float64_grads(layer, x, cfg, ref_args, grad) if dtype != torch.float32 else {}
     for n, g_, w_ in zip(names, got, want):
         try:
-            compare_grad(n, g_, w_, dtype, 2 * roundings, by_name)
+            compare_grad(n, g_, w_, dtype, 2 * roundings, by_name, truth.get(n))
         except AssertionError as exc:
             raise AssertionError(f"gradient of {n}: {exc}") from None
 
 
-def compare_grad(name, got, want, dtype, roundings, by_name):
+def _float64_grads(layer, x, cfg, ref_args, grad):
+    """{name: gradient} of the reference block evaluated in float64 from the same (rounded)
+    parameters and input: the exact result both bf16 computations approximate."""
+    l64 = copy.deepcopy(layer).double()
+    x64 = x.detach().double().requires_grad_()
+    args = {k: (v.double() if k == "encoder_output" else v) for k, v in ref_args.items()}
+    ref = ref_layer(l64, x64, cfg, **args)
+    if "pad_mask" in args:
+        ref = ref * ~args["pad_mask"].view(x.shape[0], x.shape[1], 1)
+    params = [p for _, p in l64.named_parameters()]
+    grads = torch.autograd.grad(ref, [x64] + params, grad.double())
+    return dict(zip(["input"] + [n for n, _ in l64.named_parameters()], grads))
+
+
+def _rel_norm_error(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+
+
+def compare_grad(name, got, want, dtype, roundings, by_name, truth=None):
     """A key bias shifts every score of a row alike, so softmax ignores it: its exact gradient is
     zero and both sides hold rounding noise, judged against the value bias's gradient. In bf16 a
     ReLU/GELU input that rounds across zero flips its derivative at isolated elements, so bf16
@@ -266,7 +286,18 @@ def compare_grad(name, got, want, dtype, roundings, by_name):
     if dtype == torch.float32:
         close(got, want, dtype, roundings)
         return
-    rel = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+    rel = _rel_norm_error(got, want)
+    if rel > 4 * t["rtol"] and truth is not None:
+        # Two bf16 computations of a ReLU/GELU block differ by more than either differs from the
+        # exact result when activation inputs near zero round to opposite sides (seen: T5's MLP
+        # norm weight, the residual added in the GEMM in one rounding instead of two). Then the
+        # claim checked is accuracy: no further from the float64 result than plain PyTorch is.
+        own, plain = _rel_norm_error(got, truth), _rel_norm_error(want, truth)
+        assert own <= max(4 * t["rtol"], 1.5 * plain), (
+            f"relative norm error {rel:.4f} from the bf16 reference; from the float64 result "
+            f"{own:.4f} against plain PyTorch's {plain:.4f}")
+        close(got, truth.to(got.dtype), dtype, 2 * roundings)
+        return
     assert rel <= 4 * t["rtol"], f"relative norm error {rel:.4f} > {4 * t['rtol']}"
     close(got, want, dtype, 2 * roundings)
 
@@ -411,8 +442,12 @@ def test_residual_adds_ride_the_gemms(device, dtype, layer_type, monkeypatch):
     monkeypatch.setattr(te.TransformerLayer, "_residual_in_gemms", lambda self: False)
     separate = step()
     assert len(calls) == (3 if layer_type == "decoder" else 2)
-    for i, (got, want) in enumerate(zip(fused, separate)):
-        close(got, want, dtype, 4 if dtype == torch.float32 else 8)
+    roundings = 4 if dtype == torch.float32 else 8
+    close(fused[0], separate[0], dtype, roundings)
+    names = ["input"] + [n for n, _ in layer.named_parameters()]
+    by_name = dict(zip(names, separate[1:]))
+    for n, got, want in zip(names, fused[1:], separate[1:]):  # one rounding apart, upstream too
+        compare_grad(n, got, want, dtype, 2 * roundings, by_name)
     monkeypatch.undo()
     assert te.TransformerLayer(64, 128, 4, **dict(kw, hidden_dropout=0.1))._residual_in_gemms() is False
     post = te.TransformerLayer(64, 128, 4, apply_residual_connection_post_layernorm=True, **kw)
