@@ -1,5 +1,6 @@
-"""Memory-bound kernel families (normalization, activation, softmax, RoPE) against plain PyTorch
-eager, torch.compile of the same reference, and the measured device copy bandwidth.
+"""Memory-bound kernel families (normalization, activation, softmax, RoPE, the bias gradient's
+column sum) against plain PyTorch eager, torch.compile of the same reference, and the measured
+device copy bandwidth.
 
 Each family lives in benchmarks/kernel_cases/<family>.py and exposes CASES: a list of dicts
   {"family", "name", "shape", "bytes": bytes read once + written once,
@@ -13,8 +14,10 @@ replays, each contender's median per round, then the median over rounds), so clo
 drift during a case does not favour whichever contender ran at a better moment.
 
 Issue 4's bars are checked per row: % of copy (normalization forward 85, backward 75;
-activations 85; softmax 80; RoPE has none) and te at least as fast as compiled (te_vs_compiled
->= 1). `--filter REGEX` runs the cases whose "family name shape" label matches.
+activations 85; softmax 80; RoPE and the bias gradient have none) and te at least as fast as
+compiled (te_vs_compiled >= 1). Cases may name a group (with a weight per case): the group's
+total time and bandwidth are printed after the table. `--filter REGEX` runs the cases whose
+"family name shape" label matches.
 """
 import importlib
 import os
