@@ -1,5 +1,6 @@
-"""Memory-bound kernel families (normalization, activation, softmax, RoPE) against plain PyTorch
-eager, torch.compile of the same reference, and the measured device copy bandwidth.
+"""Memory-bound kernel families (normalization, activation, softmax, RoPE, the bias gradient's
+column sum) against plain PyTorch eager, torch.compile of the same reference, and the measured
+device copy bandwidth.
 
 Each family lives in benchmarks/kernel_cases/<family>.py and exposes CASES: a list of dicts
   {"family", "name", "shape", "bytes": bytes read once + written once,
@@ -13,8 +14,10 @@ replays, each contender's median per round, then the median over rounds), so clo
 drift during a case does not favour whichever contender ran at a better moment.
 
 Issue 4's bars are checked per row: % of copy (normalization forward 85, backward 75;
-activations 85; softmax 80; RoPE has none) and te at least as fast as compiled (te_vs_compiled
->= 1). `--filter REGEX` runs the cases whose "family name shape" label matches.
+activations 85; softmax 80; RoPE and the bias gradient have none) and te at least as fast as
+compiled (te_vs_compiled >= 1). Cases may name a group (with a weight per case): the group's
+total time and bandwidth are printed after the table. `--filter REGEX` runs the cases whose
+"family name shape" label matches.
 """
 import importlib
 import os
@@ -45,7 +48,8 @@ def main():
             # object, and past the recompile limit (8) dynamo silently runs the peer eagerly.
             torch._dynamo.reset()
             compiled = torch.compile(case["torch"], dynamic=False)
-            row = {"family": case["family"], "name": case["name"], "shape": shape}
+            row = {"family": case["family"], "name": case["name"], "shape": shape,
+                   "bytes": case["bytes"]}
             contenders = {"te": case["te"], "eager": case["torch"], "compiled": compiled}
             times = common.time_interleaved_ms(
                 {label: (lambda f=fn: f(*pick())) for label, fn in contenders.items()},
@@ -56,6 +60,8 @@ def main():
             row["te_pct_copy"] = 100 * row["te_gbs"] / copy
             row["te_vs_eager"] = row["eager_ms"] / row["te_ms"]
             row["te_vs_compiled"] = row["compiled_ms"] / row["te_ms"]
+            if case.get("group"):
+                row["group"], row["group_weight"] = case["group"]
             row["pct_bar"] = copy_bar(case["family"], case["name"])
             row["meets_bar"] = "yes" if meets_bar(row) else "NO"
             print(f"  {row['family']:>13} {row['name']:<20} {shape:>14}  {row['te_pct_copy']:5.1f}% "
@@ -71,10 +77,30 @@ def main():
                     r["meets_bar"] = "NO"
     common.print_table(rows, ["family", "name", "shape", "te_gbs", "te_pct_copy", "eager_gbs",
                               "compiled_gbs", "te_vs_eager", "te_vs_compiled", "meets_bar"])
+    print_groups(rows)
     misses = [f"{r['name']} {r['shape']}" for r in rows if r["meets_bar"] != "yes"]
     print(f"\nbars (% of copy per family, te >= compiled): {len(rows) - len(misses)}/{len(rows)} "
           "rows meet them" + (f"; below: {', '.join(misses)}" if misses else ""))
     common.write_json(args.json, {**common.device_record(), "copy_gbs": copy, "results": rows})
+
+
+def print_groups(rows: list) -> None:
+    """Totals of the cases a family groups (e.g. the bias gradients of one GPT block): each row's
+    time and bytes counted group_weight times."""
+    groups = {}
+    for r in rows:
+        if r.get("group"):
+            groups.setdefault((r["family"], r["name"], r["group"]), []).append(r)
+    for (family, name, group), members in groups.items():
+        w = [m["group_weight"] for m in members]
+        nbytes = sum(k * m["bytes"] for k, m in zip(w, members))
+        total = {c: sum(k * m[c + "_ms"] for k, m in zip(w, members)) for c in ("te", "eager", "compiled")}
+        parts = " + ".join(f"{k} x {m['shape']}" for k, m in zip(w, members))
+        print(f"\n{family} {name}, {group} ({parts}): "
+              + ", ".join(f"{c} {ms:.4f} ms = {nbytes / (ms * 1e-3) / 1e9:.0f} GB/s"
+                          for c, ms in total.items())
+              + f"; te vs eager x{total['eager'] / total['te']:.2f}, vs compiled "
+                f"x{total['compiled'] / total['te']:.2f}")
 
 
 def copy_bar(family: str, name: str):

@@ -47,6 +47,22 @@ void register_activation(py::module_& m) {
                b = tensor_from_tuple(dbias), w = tensor_from_tuple(workspace);
     check_status(nvte_dbias_dactivation(act_of(act), &g, &i, &o, &b, &w, stream_from_int(stream)));
   });
+  // The plain bias gradient (column sums of a 2-D grad): the workspace shape, then the call.
+  m.def("dbias_workspace", [](const py::tuple& grad, const py::tuple& dbias) {
+    NVTETensor g = tensor_from_tuple(grad), b = tensor_from_tuple(dbias);
+    NVTETensor ws{};
+    ws.ndim = 0;
+    check_status(nvte_dbias(&g, &b, &ws, nullptr));
+    py::tuple shape(ws.ndim);
+    for (int k = 0; k < ws.ndim; ++k) shape[k] = ws.shape[k];
+    return shape;
+  });
+  m.def("dbias", [](const py::tuple& grad, const py::tuple& dbias, const py::tuple& workspace,
+                    uintptr_t stream) {
+    NVTETensor g = tensor_from_tuple(grad), b = tensor_from_tuple(dbias),
+               w = tensor_from_tuple(workspace);
+    check_status(nvte_dbias(&g, &b, &w, stream_from_int(stream)));
+  });
 }
 
 }  // namespace te_py

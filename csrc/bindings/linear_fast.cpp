@@ -14,6 +14,7 @@
 // (module/_fast.py, call_scratch) relies on no other Python thread launching between the
 // kernels of one call.
 #include "bindings.h"
+#include "transformer_engine/activation.h"
 #include "transformer_engine/cast.h"
 #include "transformer_engine/gemm.h"
 #include "transformer_engine/recipe.h"
@@ -89,6 +90,25 @@ CallEnv env_from(const py::tuple& t) {
   if (t.size() != 3) throw py::value_error("env: expected (workspace, workspace bytes, stream)");
   return CallEnv{reinterpret_cast<void*>(int_at(t, 0)), static_cast<size_t>(int_at(t, 1)),
                  stream_from_int(int_at(t, 2))};
+}
+
+// dbias [cols] = the column sums of dy [rows, cols] (nvte_dbias), its fp32 partial sums in the
+// call's GEMM workspace: the GEMMs that use that buffer run on the same stream, before or after
+// the two column-sum kernels, never during them. The partials need at most a few MiB (see
+// csrc/common/activation/dbias.cu), far less than the GEMM workspace.
+void column_sums(uintptr_t dy, int64_t rows, int64_t cols, int dtype, uintptr_t dbias,
+                 int dbias_dtype, const CallEnv& e) {
+  NVTETensor g = matrix(dy, rows, cols, dtype);
+  NVTETensor db = vector(dbias, cols, dbias_dtype);
+  NVTETensor ws{};
+  check_status(nvte_dbias(&g, &db, &ws, nullptr));  // size query
+  const size_t bytes = size_t(ws.shape[0]) * size_t(ws.shape[1]) * sizeof(float);
+  if (bytes > e.workspace_size)
+    throw py::value_error("dbias: the column sums need " + std::to_string(bytes) +
+                          " bytes of workspace; the GEMM workspace has " +
+                          std::to_string(e.workspace_size));
+  ws.data = bytes ? e.workspace : nullptr;
+  check_status(nvte_dbias(&g, &db, &ws, e.stream));
 }
 
 // Current scaling: the scales of inputs 0..n-1 (slots 0..n-1) in one launch, with the one-row
@@ -291,18 +311,30 @@ void register_linear_fast(py::module_& m) {
           forward_gemm(a, b, residual, d, bd, bias != 0, e);
         });
 
-  // dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then dW [out, in] = dy^T @ x
-  // when dw != 0, with dbias [out] = dy's column sums from the same GEMM's epilogue when
-  // dbias != 0.
+  // dbias [cols] = dy [rows, cols]'s column sums (nvte_dbias, see column_sums above): the bias
+  // gradient of the modules' direct path.
+  m.def("dbias_direct", [](uintptr_t dy, int64_t rows, int64_t cols, int dtype, uintptr_t dbias,
+                           int dbias_dtype, const py::tuple& env) {
+    column_sums(dy, rows, cols, dtype, dbias, dbias_dtype, env_from(env));
+  });
+
+  // When dbias != 0 and not dbias_epilogue, first dbias [out] = dy's column sums (nvte_dbias, in
+  // dbias_dtype). Then dx [tokens, in] = dy [tokens, out] @ W [out, in] when dx != 0; then
+  // dW [out, in] = dy^T @ x when dw != 0, with dbias = dy's column sums from the same GEMM's
+  // epilogue when dbias != 0 and dbias_epilogue (dbias_dtype = dtype).
   m.def("linear_hp_backward",
         [](uintptr_t dy, int64_t tokens, int64_t out_features, int64_t in_features, int dtype,
            uintptr_t w, uintptr_t dx, uintptr_t x, uintptr_t dw, uintptr_t dbias, int dbias_dtype,
-           const py::tuple& env) {
+           bool dbias_epilogue, const py::tuple& env) {
           const CallEnv e = env_from(env);
           const NVTEStream stream = e.stream;
           void* ws = e.workspace;
           const size_t workspace_size = e.workspace_size;
           NVTETensor b = matrix(dy, tokens, out_features, dtype);
+          if (dbias && !dbias_epilogue) {
+            column_sums(dy, tokens, out_features, dtype, dbias, dbias_dtype, e);
+            dbias = 0;
+          }
           if (dx) {
             NVTETensor a = matrix(w, out_features, in_features, dtype);
             NVTETensor d = matrix(dx, tokens, in_features, dtype);

@@ -167,3 +167,186 @@ TE_TEST(act_bad_input_returns_status_and_message) {
   TE_EXPECT(nvte_activation(NVTEActivation(9), &ti, &ti, nullptr) == kNVTEInvalidArgument,
             "bad activation code accepted");
 }
+
+// ----- nvte_dbias: plain column sums ------------------------------------------------------------
+
+namespace {
+
+// Host values of dtype `dt` rounded from fp32, and their bytes for the device.
+struct HostMatrix {
+  std::vector<double> values;    // what the device sees, exactly
+  std::vector<uint8_t> bytes;
+};
+
+HostMatrix make_matrix(size_t n, NVTEDType dt, unsigned seed) {
+  std::vector<float> f = random_floats(n, seed, 1.f);
+  HostMatrix m;
+  m.values.resize(n);
+  const size_t es = dt == kNVTEFloat32 ? 4 : 2;
+  m.bytes.resize(n * es);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == kNVTEFloat32) {
+      std::memcpy(&m.bytes[i * 4], &f[i], 4);
+      m.values[i] = f[i];
+    } else if (dt == kNVTEFloat16) {
+      const __half h = __float2half_rn(f[i]);
+      std::memcpy(&m.bytes[i * 2], &h, 2);
+      m.values[i] = __half2float(h);
+    } else {
+      const __nv_bfloat16 b = __float2bfloat16_rn(f[i]);
+      std::memcpy(&m.bytes[i * 2], &b, 2);
+      m.values[i] = __bfloat162float(b);
+    }
+  }
+  return m;
+}
+
+double host_value(const std::vector<uint8_t>& bytes, size_t i, NVTEDType dt) {
+  if (dt == kNVTEFloat32) {
+    float f;
+    std::memcpy(&f, &bytes[i * 4], 4);
+    return f;
+  }
+  if (dt == kNVTEFloat16) {
+    __half h;
+    std::memcpy(&h, &bytes[i * 2], 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 b;
+  std::memcpy(&b, &bytes[i * 2], 2);
+  return __bfloat162float(b);
+}
+
+// Relative rounding of one value stored in dt (half an ulp, with slack for the fp32 sum).
+double out_rtol(NVTEDType dt) {
+  return dt == kNVTEFloat32 ? 1e-6 : dt == kNVTEFloat16 ? 1e-3 : 8e-3;
+}
+
+// Runs nvte_dbias (size query, then the call) on grad bytes placed `offset` elements into a
+// device buffer; returns the status of the call and the dbias bytes.
+NVTEStatus run_dbias(const HostMatrix& g, int64_t rows, int64_t cols, NVTEDType gt, NVTEDType bt,
+                     size_t offset, std::vector<uint8_t>* out) {
+  const size_t es = gt == kNVTEFloat32 ? 4 : 2, bs = bt == kNVTEFloat32 ? 4 : 2;
+  DeviceBuffer<uint8_t> grad(g.bytes.size() + offset * es + 16), dbias(size_t(cols) * bs + 16);
+  if (!g.bytes.empty())
+    cudaMemcpy(grad.ptr + offset * es, g.bytes.data(), g.bytes.size(), cudaMemcpyHostToDevice);
+  dbias.fill_bytes(0x7f);  // not zeros: rows == 0 must write them
+  NVTETensor tg = desc(grad.ptr + offset * es, {rows, cols}, gt);
+  NVTETensor tb = desc(dbias.ptr, {cols}, bt);
+  NVTETensor ws{};
+  NVTEStatus st = nvte_dbias(&tg, &tb, &ws, nullptr);
+  if (st != kNVTESuccess) return st;
+  if (!(ws.dtype == kNVTEFloat32 && ws.ndim == 2 && ws.shape[1] == cols && ws.shape[0] >= 0)) {
+    std::printf("  bad workspace query: ndim %d\n", ws.ndim);
+    return kNVTEDeviceError;
+  }
+  DeviceBuffer<float> wbuf{size_t(ws.shape[0] * ws.shape[1])};
+  ws.data = wbuf.ptr;
+  st = nvte_dbias(&tg, &tb, &ws, nullptr);
+  if (st != kNVTESuccess) return st;
+  if (!cuda_ok()) return kNVTEDeviceError;
+  std::vector<uint8_t> all = dbias.download();
+  out->assign(all.begin(), all.begin() + int64_t(size_t(cols) * bs));
+  return st;
+}
+
+}  // namespace
+
+TE_TEST(act_dbias_column_sums_match_cpu) {
+  // Odd widths and unaligned pointers take the scalar path; 1032 = whole strips and a part;
+  // 64/65 rows are the edge of a single row block; 20000 x 40 many row blocks of a narrow strip.
+  const int64_t shapes[][2] = {{0, 24},    {1, 8},      {1, 4096},  {37, 23},    {64, 136},
+                               {65, 136},  {300, 1000}, {4096, 96}, {5000, 1032}, {20000, 40},
+                               {3000, 4104}, {129, 4097}};
+  const NVTEDType types[] = {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16};
+  unsigned seed = 100;
+  for (auto& sh : shapes) {
+    const int64_t rows = sh[0], cols = sh[1];
+    for (NVTEDType gt : types) {
+      const HostMatrix g = make_matrix(size_t(rows * cols), gt, ++seed);
+      std::vector<double> sum(size_t(cols), 0.0), abs_sum(size_t(cols), 0.0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const double v = g.values[size_t(r * cols + c)];
+          sum[size_t(c)] += v;
+          abs_sum[size_t(c)] += std::fabs(v);
+        }
+      for (NVTEDType bt : {kNVTEFloat32, gt}) {
+        for (size_t offset : {size_t(0), size_t(1)}) {
+          std::vector<uint8_t> out;
+          const NVTEStatus st = run_dbias(g, rows, cols, gt, bt, offset, &out);
+          TE_EXPECT(st == kNVTESuccess, "%lld x %lld: %s", (long long)rows, (long long)cols,
+                    nvte_last_error_message());
+          if (st != kNVTESuccess) continue;
+          int bad = 0;
+          double worst = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double got = host_value(out, size_t(c), bt), want = sum[size_t(c)];
+            // fp32 sums in another order than the double loop: a few ulps of the absolute sum,
+            // then one rounding to the output dtype. A missing or repeated row is off by ~1.
+            const double tol = 1e-6 * abs_sum[size_t(c)] + out_rtol(bt) * std::fabs(want) + 1e-30;
+            const double err = std::fabs(got - want);
+            bad += !(err <= tol);  // NaN counts as bad
+            worst = std::fmax(worst, err / tol);
+          }
+          TE_EXPECT(bad == 0, "%s -> %s %lld x %lld offset %zu: %d of %lld columns off (worst %.2g x tol)",
+                    nvte_dtype_name(gt), nvte_dtype_name(bt), (long long)rows, (long long)cols,
+                    offset, bad, (long long)cols, worst);
+        }
+      }
+    }
+  }
+}
+
+TE_TEST(act_dbias_is_deterministic) {
+  const int64_t rows = 8192, cols = 2048;
+  const HostMatrix g = make_matrix(size_t(rows * cols), kNVTEBFloat16, 7);
+  std::vector<uint8_t> a, b;
+  TE_EXPECT(run_dbias(g, rows, cols, kNVTEBFloat16, kNVTEFloat32, 0, &a) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(run_dbias(g, rows, cols, kNVTEBFloat16, kNVTEFloat32, 0, &b) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(a.size() == size_t(cols) * 4 && a == b, "two calls differ");
+}
+
+TE_TEST(act_dbias_bad_input_returns_status_and_message) {
+  DeviceBuffer<float> buf(64), ws(64);
+  auto fails_with = [](NVTEStatus st, const char* a, const char* b) {
+    const char* msg = nvte_last_error_message();
+    return st == kNVTEInvalidArgument && std::strstr(msg, "nvte_dbias") != nullptr &&
+           std::strstr(msg, a) != nullptr && std::strstr(msg, b) != nullptr;
+  };
+  NVTETensor g = desc(buf.ptr, {4, 6}, kNVTEFloat32);
+  NVTETensor db = desc(buf.ptr, {6}, kNVTEFloat32);
+  NVTETensor w{};
+  // FP8 input
+  NVTETensor g8 = desc(buf.ptr, {4, 6}, kNVTEFloat8E4M3);
+  TE_EXPECT(fails_with(nvte_dbias(&g8, &db, &w, nullptr), "grad has dtype float8_e4m3",
+                       "expected float32, float16 or bfloat16"), "%s", nvte_last_error_message());
+  // not 2-D
+  NVTETensor g3 = desc(buf.ptr, {2, 2, 6}, kNVTEFloat32);
+  TE_EXPECT(fails_with(nvte_dbias(&g3, &db, &w, nullptr), "grad has shape [2, 2, 6]", "2-D"), "%s",
+            nvte_last_error_message());
+  NVTETensor g1 = desc(buf.ptr, {6}, kNVTEFloat32);
+  TE_EXPECT(fails_with(nvte_dbias(&g1, &db, &w, nullptr), "grad has shape [6]", "2-D"), "%s",
+            nvte_last_error_message());
+  // dbias of the wrong length or dtype
+  NVTETensor db5 = desc(buf.ptr, {5}, kNVTEFloat32);
+  TE_EXPECT(fails_with(nvte_dbias(&g, &db5, &w, nullptr), "dbias has shape [5]", "expected [6]"),
+            "%s", nvte_last_error_message());
+  NVTETensor db8 = desc(buf.ptr, {6}, kNVTEFloat8E5M2);
+  TE_EXPECT(fails_with(nvte_dbias(&g, &db8, &w, nullptr), "dbias has dtype float8_e5m2",
+                       "expected float32"), "%s", nvte_last_error_message());
+  // a workspace too small for the real call
+  const int64_t rows = 4096, cols = 256;
+  DeviceBuffer<float> big{size_t(rows * cols)}, out{size_t(cols)};
+  NVTETensor gb = desc(big.ptr, {rows, cols}, kNVTEFloat32);
+  NVTETensor ob = desc(out.ptr, {cols}, kNVTEFloat32);
+  NVTETensor q{};
+  TE_EXPECT(nvte_dbias(&gb, &ob, &q, nullptr) == kNVTESuccess && q.ndim == 2 && q.shape[0] > 1,
+            "query for %lld rows: %s", (long long)rows, nvte_last_error_message());
+  NVTETensor small = desc(ws.ptr, {64}, kNVTEFloat32);
+  TE_EXPECT(fails_with(nvte_dbias(&gb, &ob, &small, nullptr), "workspace", "at least"), "%s",
+            nvte_last_error_message());
+  TE_EXPECT(nvte_dbias(&gb, &ob, nullptr, nullptr) == kNVTEInvalidArgument, "null workspace");
+}

@@ -81,6 +81,8 @@ def test_fake_implementations_match_real(device):
         (te_ops.act_fwd, (x, "swiglu", None, None, None)),
         (te_ops.act_bwd, (x[:, :16].contiguous(), x, "swiglu")),
         (te_ops.dbias_dact, (x, x, "gelu")),
+        (te_ops.dbias, (x, None)),
+        (te_ops.dbias, (x, torch.float32)),
     ]
     for op, args in cases:
         real = op(*args)

@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kReduceCols * kReduceLanes)
 dbias_reduce_kernel(const float* __restrict__ partial, BiasT* __restrict__ dbias,
                     int64_t row_blocks, int64_t cols) {
   __shared__ float sums[kReduceLanes][kReduceCols + 1];
+  wait_for_previous_grid();  // an overlapping launch: the first stage's partials are complete
   const int tx = threadIdx.x % kReduceCols, ty = threadIdx.x / kReduceCols;
   const int64_t c = int64_t(blockIdx.x) * kReduceCols + tx;
   float acc = 0.f;
@@ -85,14 +86,20 @@ dbias_reduce_kernel(const float* __restrict__ partial, BiasT* __restrict__ dbias
 }  // namespace
 
 void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtype,
-                         int64_t row_blocks, int64_t cols, NVTEStream s) {
+                         int64_t row_blocks, int64_t cols, NVTEStream s, bool overlapping) {
   if (cols == 0) return;
   cudaStream_t stream = to_stream(s);
   const int64_t grid = (cols + kReduceCols - 1) / kReduceCols;
   TE_CHECK_ARG(grid < (int64_t(1) << 31), "dbias of ", cols, " columns is too large");
   TE_SWITCH_HP(dbias_dtype, BiasT, "dbias",
-    dbias_reduce_kernel<BiasT><<<unsigned(grid), kReduceCols * kReduceLanes, 0, stream>>>(
-        partial, static_cast<BiasT*>(dbias), row_blocks, cols));
+    if (overlapping) {
+      launch_overlapping(dbias_reduce_kernel<BiasT>, dim3(unsigned(grid)),
+                         dim3(kReduceCols * kReduceLanes), stream, partial,
+                         static_cast<BiasT*>(dbias), row_blocks, cols);
+    } else {
+      dbias_reduce_kernel<BiasT><<<unsigned(grid), kReduceCols * kReduceLanes, 0, stream>>>(
+          partial, static_cast<BiasT*>(dbias), row_blocks, cols);
+    });
   check_launch("dbias_reduce_kernel");
 }
 

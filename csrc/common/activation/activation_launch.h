@@ -57,9 +57,12 @@ constexpr int kDbiasRowUnroll = 4;
 int64_t dbias_rows_per_block(int64_t rows);
 int64_t dbias_row_blocks(int64_t rows);
 
-// Second dbias stage (does not depend on the activation): dbias[c] = sum_b partial[b, c].
+// Second dbias stage (does not depend on the activation): dbias[c] = sum_b partial[b, c]
+// (zeros when row_blocks is 0). overlapping: launched with te::launch_overlapping (util/arch.h),
+// for a first stage that releases it early (the kernel waits for that stage's results first).
 void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtype,
-                         int64_t row_blocks, int64_t cols, NVTEStream stream);
+                         int64_t row_blocks, int64_t cols, NVTEStream stream,
+                         bool overlapping = false);
 
 // Blocks of 256 threads for a grid-stride loop over work_items items: a few waves of resident
 // blocks.

@@ -117,6 +117,13 @@ def dbias_dactivation(grad, x, name, fp8_dtype=None, scale=None, amax=None):
     return dx, dbias
 
 
+def dbias(grad, dbias_dtype=None):
+    """grad's column sums (a linear layer's bias gradient) in dbias_dtype (default grad.dtype)."""
+    if not _is_compiling():
+        return ops.dbias(grad, dbias_dtype)
+    return _te().dbias(grad, dbias_dtype)
+
+
 def current_scale(x, fp8_max: float, power_2: bool):
     """Float8CurrentScaling's scale of x while tracing (see quantization.compute_current_scale)."""
     return _te().current_scale(x, float(fp8_max), bool(power_2))

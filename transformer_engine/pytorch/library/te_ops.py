@@ -192,6 +192,16 @@ def _(grad, x, name):
     return [torch.empty_like(x), x.new_empty([x.shape[-1]])]
 
 
+@torch.library.custom_op("te::dbias", mutates_args=())
+def dbias(grad: Tensor, dbias_dtype: Optional[torch.dtype]) -> Tensor:
+    return ops.dbias(grad.contiguous(), dbias_dtype)
+
+
+@dbias.register_fake
+def _(grad, dbias_dtype):
+    return grad.new_empty([grad.shape[-1]], dtype=dbias_dtype or grad.dtype)
+
+
 @torch.library.custom_op("te::current_scale", mutates_args=())
 def current_scale(x: Tensor, fp8_max: float, power_2: bool) -> Tensor:
     from ..quantization import compute_current_scale

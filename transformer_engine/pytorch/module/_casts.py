@@ -64,7 +64,10 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
         if nc is not None:
             dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, fi.rs, dy, 0, db_dtype)
             return dyq, dyq_t, dy_sinv, db
-    db = dy.sum(0, dtype=torch.float32).to(db_dtype) if db_dtype is not None else None
+    db = None
+    if db_dtype is not None:
+        from ._gemms import bias_grad_of  # _gemms imports this module
+        db = bias_grad_of(dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1]), db_dtype)
     dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need_transpose)
     return dyq, dyq_t, dy_sinv, db
 

@@ -408,6 +408,16 @@ def activation_fp8(nc, x, act_code, gated, fp8_dtype, scale, amax):
     return out, scale_inv
 
 
+def dbias(nc, dy, dbias_dtype):
+    """The column sums of a contiguous 2-D dy (a bias gradient) in dbias_dtype: one binding call
+    with flat arguments, the partial sums in the call's GEMM workspace (dbias_direct)."""
+    rows, cols = dy.shape
+    db = torch.empty(cols, dtype=dbias_dtype, device=dy.device)
+    nc.mod.dbias_direct(dy.data_ptr(), rows, cols, _CODE[dy.dtype], db.data_ptr(), _CODE[dbias_dtype],
+                        nc.env)
+    return db
+
+
 _DBIAS_WS: dict = {}
 
 

@@ -160,6 +160,12 @@ def dgrad_hp(w, dy2d):
 
 
 def bias_grad_of(dy2d: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
-    """Column sums of the output gradient (torch accumulates 16-bit sums in fp32)."""
-    db = dy2d.sum(0)
-    return db if db.dtype == bias_dtype else db.to(bias_dtype)
+    """Column sums of the 2-D output gradient in bias_dtype, summed in fp32: the native column
+    sum (ops.dbias; deterministic) on a GPU, through the direct call in eager mode, torch's sum
+    on the reference backend."""
+    if not dy2d.is_contiguous():
+        dy2d = dy2d.contiguous()
+    nc = _direct(dy2d)
+    if nc is not None:
+        return _fast.dbias(nc, dy2d, bias_dtype)
+    return K.dbias(dy2d, bias_dtype)

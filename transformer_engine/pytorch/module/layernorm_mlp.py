@@ -93,7 +93,7 @@ def _dact(act, da, h, b1_grad, dtype):
     the GEMM, so it is not used), dact then a column sum for the gated ones."""
     if act in GATED:
         dh = K.activation_backward(da, h, act)
-        return dh, (dh.sum(0, dtype=torch.float32).to(dtype) if b1_grad else None)
+        return dh, (_gemms.bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 

@@ -103,7 +103,11 @@ class _LinearFn(torch.autograd.Function):
         fused_db = nc is not None and ctx.need_wgrad and ctx.has_bias_grad and (
             ctx.fp8 or (not ctx.fuse and ctx.bias_dtype == ctx.dtype
                         and _gemms.bias_grad_in_wgrad_epilogue(dy)))
-        db = _gemms.bias_grad_of(dy, ctx.bias_dtype) if ctx.has_bias_grad and not fused_db else None
+        # high precision on the direct path: linear_hp_backward makes the bias gradient too (the
+        # epilogue, or the column-sum kernels in the same call)
+        native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
+        db = (_gemms.bias_grad_of(dy, ctx.bias_dtype)
+              if ctx.has_bias_grad and not fused_db and not native_db else None)
         if ctx.fp8:
             saved = ctx.saved_tensors
             if nc is not None:
@@ -116,7 +120,7 @@ class _LinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if nc is not None:
-                dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db)
+                dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db)
             else:
                 dx = _gemms.dgrad_hp(w, dy) if ctx.need_dgrad else None
                 dw = (_gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
@@ -131,25 +135,28 @@ class _LinearFn(torch.autograd.Function):
 _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
 
 
-def _hp_backward_fast(ctx, nc, dy, x2d, w, db, fused_db):
-    """dgrad, then wgrad (whose epilogue also sums the bias gradient when fused_db), in one native
-    call (linear_hp_backward: the same GEMMs as _fast.gemm); a wgrad accumulated into main_grad
+def _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db):
+    """dgrad, then wgrad, in one native call (linear_hp_backward: the same GEMMs as _fast.gemm),
+    which also makes the bias gradient: in the wgrad GEMM's epilogue when fused_db, else with the
+    column-sum kernels (nvte_dbias) ahead of the GEMMs; a wgrad accumulated into main_grad
     (fuse_wgrad_accumulation) follows through _gemms. Returns (dx, dw, db)."""
     _, out_features, in_features = ctx.shapes
     tokens, dtype, device = dy.shape[0], ctx.dtype, dy.device
     own_dw = ctx.need_wgrad and not ctx.fuse
-    dx, dw, fdb = _fast.step_grads(device, dtype, (
+    db_shared = ctx.has_bias_grad and ctx.bias_dtype == dtype
+    dx, dw, db = _fast.step_grads(device, dtype, (
         (tokens, in_features) if ctx.need_dgrad else None,
         (out_features, in_features) if own_dw else None,
-        (out_features,) if own_dw and fused_db else None))
-    if fdb is not None:
-        db = fdb
+        (out_features,) if db_shared else None))
+    if ctx.has_bias_grad and db is None:  # a bias of another dtype than the compute dtype
+        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device)
     code = _CODE[dtype]
     nc.mod.linear_hp_backward(
         dy.data_ptr(), tokens, out_features, in_features, code,
         w.data_ptr() if dx is not None else 0, dx.data_ptr() if dx is not None else 0,
         x2d.data_ptr() if dw is not None else 0, dw.data_ptr() if dw is not None else 0,
-        db.data_ptr() if fused_db else 0, code, nc.env)
+        db.data_ptr() if db is not None else 0, _CODE[db.dtype] if db is not None else code,
+        fused_db, nc.env)
     if ctx.need_wgrad and ctx.fuse:
         dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, True, out_features, in_features)
     return dx, dw, db

@@ -214,6 +214,48 @@ def dbias_dactivation(grad: torch.Tensor, x: torch.Tensor, name: str,
     return (out, dbias) if fp8_dtype is None else (out, dbias, scale_inv)
 
 
+def dbias_reference(grad: torch.Tensor, dbias_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Column sums of grad over all leading dims, accumulated in fp32, in dbias_dtype (default
+    grad.dtype)."""
+    cols = grad.shape[-1]
+    return grad.reshape(-1, cols).sum(0, dtype=torch.float32).to(dbias_dtype or grad.dtype)
+
+
+# (rows, cols, grad dtype, dbias dtype, device) -> the native workspace shape, asked once
+_DBIAS_WS: dict = {}
+
+
+def dbias(grad: torch.Tensor, dbias_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The bias gradient of a linear layer: dbias[c] = grad[..., c] summed over every leading
+    dim. The sums are fp32 in a fixed order (two calls give the same bits) and are returned in
+    dbias_dtype (default grad.dtype). No rows give zeros."""
+    op = "dbias"
+    check_tensor(op, "grad", grad, native.HP_DTYPES)
+    if grad.dim() < 2:
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}; expected at least 2 dims "
+                         "[..., cols]")
+    dbias_dtype = dbias_dtype or grad.dtype
+    if dbias_dtype not in native.HP_DTYPES:
+        raise ValueError(f"{op}: dbias_dtype is {dbias_dtype}; expected float32, float16 or bfloat16")
+    cols = grad.shape[-1]
+    g2 = grad if grad.dim() == 2 else grad.view(-1, cols)
+    out = torch.empty(cols, dtype=dbias_dtype, device=grad.device)
+    if native.use_native(grad):
+        mod = native.native_for_torch()
+        args = (native.describe(g2), native.describe(out))
+        key = (g2.shape[0], cols, grad.dtype, dbias_dtype, grad.device)
+        ws_shape = _DBIAS_WS.get(key)
+        if ws_shape is None:
+            if len(_DBIAS_WS) >= 256:
+                _DBIAS_WS.clear()
+            ws_shape = _DBIAS_WS[key] = mod.dbias_workspace(*args)
+        ws = torch.empty(ws_shape, dtype=torch.float32, device=grad.device)
+        mod.dbias(*args, native.describe(ws), native.stream_of(grad))
+    else:
+        out.copy_(dbias_reference(g2, dbias_dtype))
+    return out
+
+
 class _Activation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, name):

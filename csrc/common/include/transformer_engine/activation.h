@@ -31,6 +31,12 @@
  * Otherwise the output dtype must equal the input's (dy and x always share one dtype).
  * Inputs are float32, float16 or bfloat16; tensors with more dims are viewed as
  * [prod(leading), last]; empty tensors are accepted (an FP8 output still gets its scale_inv).
+ *
+ * Plain bias gradient (no activation), of a 2-D grad [rows, cols]:
+ *   dbias:   dbias[c] = sum_r grad[r, c]
+ * summed in fp32 in a fixed order (the same bits on every call) and stored in dbias's dtype;
+ * rows == 0 gives zeros. Same workspace protocol as dbias_dactivation; the query reports
+ * [0, cols] when no workspace is needed (few rows), and the call then accepts a NULL one.
  */
 #ifndef TRANSFORMER_ENGINE_ACTIVATION_H_
 #define TRANSFORMER_ENGINE_ACTIVATION_H_
@@ -69,6 +75,11 @@ NVTEStatus nvte_dgated_activation(NVTEActivation act, const NVTETensor* grad,
 NVTEStatus nvte_dbias_dactivation(NVTEActivation act, const NVTETensor* grad,
                                   const NVTETensor* input, NVTETensor* output, NVTETensor* dbias,
                                   NVTETensor* workspace, NVTEStream stream);
+
+/* grad: exactly 2-D [rows, cols], float32, float16 or bfloat16; dbias: cols elements in float32,
+ * float16 or bfloat16; workspace: see above. */
+NVTEStatus nvte_dbias(const NVTETensor* grad, NVTETensor* dbias, NVTETensor* workspace,
+                      NVTEStream stream);
 
 /* Named entry points of Transformer Engine's API, each the generic call with its activation. */
 #define NVTE_DECLARE_ACTIVATION_(name, gated_name)                                              \
