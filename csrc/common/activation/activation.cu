@@ -103,6 +103,24 @@ void launch_dbias_reduce(const float* partial, void* dbias, NVTEDType dbias_dtyp
   check_launch("dbias_reduce_kernel");
 }
 
+bool dbias_workspace_query_or_check(NVTETensor* workspace, int64_t ws_rows, int64_t cols) {
+  if (workspace->data == nullptr && workspace->ndim == 0) {
+    workspace->dtype = kNVTEFloat32;
+    workspace->ndim = 2;
+    workspace->shape[0] = ws_rows;
+    workspace->shape[1] = cols;
+    return true;
+  }
+  check_tensor(workspace, "workspace");
+  TE_CHECK_ARG(workspace->dtype == kNVTEFloat32 && numel(*workspace) >= ws_rows * cols,
+               "workspace has dtype ", nvte_dtype_name(workspace->dtype), " and shape ",
+               shape_str(*workspace), "; expected float32 with at least ", ws_rows * cols,
+               " elements (query the size with a null workspace pointer)");
+  TE_CHECK_ARG(aligned16(workspace->data) || ws_rows * cols == 0,
+               "workspace pointer is not 16-byte aligned");
+  return false;
+}
+
 namespace {
 
 // Output: the input's dtype, or FP8 with a scale.
@@ -270,21 +288,7 @@ extern "C" NVTEStatus nvte_dbias_dactivation(NVTEActivation act, const NVTETenso
                  cols, "] (the input's last dimension)");
 
     const int64_t ws_rows = dbias_row_blocks(rows);
-    if (workspace->data == nullptr && workspace->ndim == 0) {
-      // Size query: report [row_blocks, cols] fp32 and do nothing else.
-      workspace->dtype = kNVTEFloat32;
-      workspace->ndim = 2;
-      workspace->shape[0] = ws_rows;
-      workspace->shape[1] = cols;
-      return;
-    }
-    check_tensor(workspace, "workspace");
-    TE_CHECK_ARG(workspace->dtype == kNVTEFloat32 && numel(*workspace) >= ws_rows * cols,
-                 "workspace has dtype ", nvte_dtype_name(workspace->dtype), " and shape ",
-                 shape_str(*workspace), "; expected float32 with at least ", ws_rows * cols,
-                 " elements (query the size with a null workspace pointer)");
-    TE_CHECK_ARG(aligned16(workspace->data) || ws_rows * cols == 0,
-                 "workspace pointer is not 16-byte aligned");
+    if (dbias_workspace_query_or_check(workspace, ws_rows, cols)) return;
 
     DbiasArgs a{};
     a.grad = grad->data;

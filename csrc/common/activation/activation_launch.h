@@ -57,6 +57,11 @@ constexpr int kDbiasRowUnroll = 4;
 int64_t dbias_rows_per_block(int64_t rows);
 int64_t dbias_row_blocks(int64_t rows);
 
+// The fp32 [ws_rows, cols] partial-sum workspace of the dbias ops (nvte_dbias_dactivation,
+// nvte_dbias): a size query (null data, ndim 0) gets that shape written and returns true, and the
+// op then returns; otherwise the workspace is checked (dtype, size, alignment) and false returned.
+bool dbias_workspace_query_or_check(NVTETensor* workspace, int64_t ws_rows, int64_t cols);
+
 // Second dbias stage (does not depend on the activation): dbias[c] = sum_b partial[b, c]
 // (zeros when row_blocks is 0). overlapping: launched with te::launch_overlapping (util/arch.h),
 // for a first stage that releases it early (the kernel waits for that stage's results first).

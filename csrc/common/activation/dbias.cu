@@ -111,21 +111,7 @@ extern "C" NVTEStatus nvte_dbias(const NVTETensor* grad, NVTETensor* dbias, NVTE
 
     const int64_t blocks = column_sum_row_blocks(rows, cols, grad->dtype);
     const int64_t ws_rows = blocks > 1 ? blocks : 0;  // one row block writes dbias directly
-    if (workspace->data == nullptr && workspace->ndim == 0) {
-      // Size query: report [ws_rows, cols] fp32 and do nothing else.
-      workspace->dtype = kNVTEFloat32;
-      workspace->ndim = 2;
-      workspace->shape[0] = ws_rows;
-      workspace->shape[1] = cols;
-      return;
-    }
-    check_tensor(workspace, "workspace");
-    TE_CHECK_ARG(workspace->dtype == kNVTEFloat32 && numel(*workspace) >= ws_rows * cols,
-                 "workspace has dtype ", nvte_dtype_name(workspace->dtype), " and shape ",
-                 shape_str(*workspace), "; expected float32 with at least ", ws_rows * cols,
-                 " elements (query the size with a null workspace pointer)");
-    TE_CHECK_ARG(aligned16(workspace->data) || ws_rows * cols == 0,
-                 "workspace pointer is not 16-byte aligned");
+    if (dbias_workspace_query_or_check(workspace, ws_rows, cols)) return;
     run_dbias(*grad, *dbias, static_cast<float*>(workspace->data), rows, cols, stream);
   });
 }

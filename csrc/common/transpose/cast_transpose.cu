@@ -23,20 +23,7 @@ bool check_dbias(const NVTETensor* dbias, NVTETensor* workspace, int64_t rows, i
   TE_CHECK_ARG(numel(*dbias) == cols, "dbias has shape ", shape_str(*dbias), "; expected [", cols,
                "] (the input's last dimension)");
   TE_CHECK_ARG(workspace != nullptr, "workspace is a null descriptor");
-  const int64_t ws_rows = dbias_workspace_rows(rows);
-  if (workspace->data == nullptr && workspace->ndim == 0) {
-    workspace->dtype = kNVTEFloat32;
-    workspace->ndim = 2;
-    workspace->shape[0] = ws_rows;
-    workspace->shape[1] = cols;
-    return true;
-  }
-  check_tensor(workspace, "workspace");
-  TE_CHECK_ARG(workspace->dtype == kNVTEFloat32 && numel(*workspace) >= ws_rows * cols,
-               "workspace has dtype ", nvte_dtype_name(workspace->dtype), " and shape ",
-               shape_str(*workspace), "; expected float32 with at least ", ws_rows * cols,
-               " elements (query the size with a null workspace pointer)");
-  return false;
+  return act::dbias_workspace_query_or_check(workspace, dbias_workspace_rows(rows), cols);
 }
 
 namespace {
