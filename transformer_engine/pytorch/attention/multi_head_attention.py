@@ -179,9 +179,11 @@ class MultiheadAttention(torch.nn.Module):
             shape = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
             raise ValueError(f"{_OP}: hidden_states has shape {shape}; expected {want} dims ending in "
                              f"hidden_size {self.hidden_size} for qkv_format {self.qkv_format!r}")
+        # the projection's output has hidden_states' leading dims: whether its GEMM can add the
+        # residual is known now
+        fusable = _residual is not None and self.proj.residual_in_gemm(_residual, hidden_states)
         if self.attention_type == "self":
             # a residual the projection's GEMM will add comes back from the norm+QKV module
-            fusable = _residual is not None and self.proj.residual_in_gemm(_residual, hidden_states)
             q, k, v, ln_out, passed = self._qkv_self(hidden_states, is_first_microbatch,
                                                      _residual if fusable else None)
             if fusable:
@@ -200,7 +202,7 @@ class MultiheadAttention(torch.nn.Module):
             checkpoint_core_attention=checkpoint_core_attention,
             core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill, inference_params=inference_params)
-        if _residual is not None and self.proj.residual_in_gemm(_residual, context):
+        if fusable:
             out = self.proj(context, is_first_microbatch=is_first_microbatch, _residual=_residual)
         else:
             out = self.proj(context, is_first_microbatch=is_first_microbatch)
