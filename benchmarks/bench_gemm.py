@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from transformer_engine.pytorch import native, ops  # noqa: E402
+from transformer_engine.pytorch import kernels, native  # noqa: E402
 
 SHAPES = [(8192, 8192, 8192), (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
           (4096, 4096, 4096), (128, 4096, 4096)]
@@ -45,7 +45,7 @@ def bf16_case(M, N, K):
         W = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g)
         X = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
         return W, X
-    return (make, lambda W, X: ops.general_gemm(W, X, layout="TN").out,
+    return (make, lambda W, X: kernels.general_gemm(W, X, layout="TN").out,
             lambda W, X: torch.matmul(X, W.t()))
 
 
@@ -61,7 +61,7 @@ def fp8_case(M, N, K, fast):
         return W, X, sw, sx
 
     def te(W, X, sw, sx):
-        return ops.general_gemm(W, X, torch.bfloat16, layout="TN", A_scale_inv=sw.reshape(1),
+        return kernels.general_gemm(W, X, torch.bfloat16, layout="TN", A_scale_inv=sw.reshape(1),
                                 B_scale_inv=sx.reshape(1), use_split_accumulator=not fast).out
 
     def peer(W, X, sw, sx):
@@ -79,7 +79,7 @@ def fused_case(M, N, K):
         return W, X, b
 
     def te(W, X, b):
-        return ops.general_gemm(W, X, layout="TN", bias=b, gelu=True).out
+        return kernels.general_gemm(W, X, layout="TN", bias=b, gelu=True).out
 
     def peer(W, X, b):
         return torch.nn.functional.gelu(torch.matmul(X, W.t()) + b, approximate="tanh")

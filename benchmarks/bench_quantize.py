@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from transformer_engine.pytorch import ops  # noqa: E402
+from transformer_engine.pytorch import kernels  # noqa: E402
 
 SHAPES = [(16384, 4096), (32768, 8192), (4096, 4096), (8192, 14336)]
 FP8 = torch.float8_e4m3fn
@@ -41,9 +41,9 @@ def main():
         pick = common.rotating(make)
         n = shape[0] * shape[1]
         kernels = {
-            "cast": (3 * n, lambda x, s, a: ops.quantize(x, s, FP8, amax=a),
+            "cast": (3 * n, lambda x, s, a: kernels.quantize(x, s, FP8, amax=a),
                      lambda x, s, a: torch_cast(x, s), lambda x, s, a: compiled_cast(x, s)),
-            "cast_transpose": (4 * n, lambda x, s, a: ops.cast_transpose(x, s, FP8, amax=a),
+            "cast_transpose": (4 * n, lambda x, s, a: kernels.cast_transpose(x, s, FP8, amax=a),
                                lambda x, s, a: torch_cast_transpose(x, s),
                                lambda x, s, a: compiled_ct(x, s)),
         }
@@ -88,18 +88,18 @@ def _fused_cases():
         # dy: cast+transpose for dgrad/wgrad, column sums for the bias gradient
         "cast_transpose_dbias": (
             one, 2 + 1 + 1,
-            lambda x, s, a: ops.cast_transpose_dbias(x, s, E5M2, amax=a),
-            lambda x, s, a: (ops.cast_transpose(x, s, E5M2, amax=a), x.sum(0))),
+            lambda x, s, a: kernels.cast_transpose_dbias(x, s, E5M2, amax=a),
+            lambda x, s, a: (kernels.cast_transpose(x, s, E5M2, amax=a), x.sum(0))),
         # LayerNormMLP forward: gelu(fc1 out) in FP8 and its transpose for fc2's wgrad
         "gelu_cast_transpose": (
             one, 2 + 1 + 1,
-            lambda x, s, a: ops.act_cast_transpose(x, "gelu", s, E5M2, amax=a),
-            lambda x, s, a: ops.transpose(ops.activation_forward(x, "gelu", E5M2, s, a)[0])),
+            lambda x, s, a: kernels.act_cast_transpose(x, "gelu", s, E5M2, amax=a),
+            lambda x, s, a: kernels.transpose(kernels.activation_forward(x, "gelu", E5M2, s, a)[0])),
         # LayerNormMLP backward: dgelu + dbias in FP8 and its transpose for fc1's wgrad
         "dgelu_dbias_cast_transpose": (
             two, 2 + 2 + 1 + 1,
-            lambda g, x, s, a: ops.dact_dbias_cast_transpose(g, x, "gelu", s, E5M2, amax=a),
-            lambda g, x, s, a: ops.transpose(ops.dbias_dactivation(
+            lambda g, x, s, a: kernels.dact_dbias_cast_transpose(g, x, "gelu", s, E5M2, amax=a),
+            lambda g, x, s, a: kernels.transpose(kernels.dbias_dactivation(
                 g, x, "gelu", fp8_dtype=E5M2, scale=s, amax=a)[0])),
     }
 

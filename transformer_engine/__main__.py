@@ -52,7 +52,7 @@ def _attention_line(mod, cap) -> str:
     if cap.backend == "reference":
         return "fused attention: none (no GPU)"
     # (batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dim_qk, dim_v, dtype bf16, format bshd,
-    #  mask causal, window left, right, scale, deterministic): see pytorch/ops/attention.py
+    #  mask causal, window left, right, scale, deterministic): see pytorch/kernels/attention.py
     params = (1, 16, 16, 1024, 1024, 128, 128, 2, 0, 2, -1, 0, 0.088, False)
     parts = []
     for code, name in ((1, "cudnn"), (2, "portable")):

@@ -10,7 +10,7 @@ import math
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer_engine.pytorch.ops import attention as A
+from transformer_engine.pytorch.kernels import attention as A
 
 SHAPES = [(4, 32, 4096, 128), (8, 16, 2048, 64), (1, 32, 16384, 128)]
 OURS = ("cudnn", "portable", "portable_fma")  # portable_fma: the FMA kernels AMD builds run

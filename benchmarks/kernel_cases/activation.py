@@ -10,8 +10,8 @@ closed-form expression in fp32, rounded once."""
 import torch
 import torch.nn.functional as F
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.activation import ACTIVATIONS, GATED
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.activation import ACTIVATIONS, GATED
 
 SHAPES = [(16384, 4096), (32768, 8192)]
 BF16 = torch.bfloat16
@@ -106,15 +106,15 @@ def torch_gelu_fp8(x, scale, amax):
 # ----- cases ------------------------------------------------------------------------------------
 
 def _te_fwd(name):
-    return lambda x: ops.activation_forward(x, name)
+    return lambda x: kernels.activation_forward(x, name)
 
 
 def _te_bwd(name):
-    return lambda g, x: ops.activation_backward(g, x, name)
+    return lambda g, x: kernels.activation_backward(g, x, name)
 
 
 def _te_dbias(name):
-    return lambda g, x: ops.dbias_dactivation(g, x, name)
+    return lambda g, x: kernels.dbias_dactivation(g, x, name)
 
 
 def _cases(rows, cols):
@@ -144,7 +144,7 @@ def _cases(rows, cols):
         name="gelu_fwd_fp8", bytes=n * 2 + n,
         make=lambda i: (_randn(shape, i), torch.tensor([2.0], device="cuda"),
                         torch.zeros(1, device="cuda")),
-        te=lambda x, s, a: ops.activation_forward(x, "gelu", fp8_dtype=FP8, scale=s, amax=a),
+        te=lambda x, s, a: kernels.activation_forward(x, "gelu", fp8_dtype=FP8, scale=s, amax=a),
         torch=torch_gelu_fp8))
     return cases
 

@@ -1,5 +1,5 @@
 """The bias gradient of a high-precision linear layer for bench_kernels.py: the column sums of
-the output gradient dY [tokens, features] in bf16 (fp32 accumulation, a bf16 result), ops.dbias
+the output gradient dY [tokens, features] in bf16 (fp32 accumulation, a bf16 result), kernels.dbias
 (nvte_dbias) against PyTorch's `dy.sum(0)` eagerly and under torch.compile.
 
 Shapes: the plain bias gradients of a GPT block step at 4096 tokens, hidden 4096 (QKV projection
@@ -8,7 +8,7 @@ comes from the fused dbias + dact), grouped so that the driver also prints their
 large [16384, 16384]. Bytes: dY read once + the bias written once."""
 import torch
 
-from transformer_engine.pytorch import ops
+from transformer_engine.pytorch import kernels
 
 BF16 = torch.bfloat16
 GPT_BLOCK = [(4096, 12288), (4096, 4096)]
@@ -25,7 +25,7 @@ def _torch_sum(dy):
 
 
 def _te_sum(dy):
-    return ops.dbias(dy)
+    return kernels.dbias(dy)
 
 
 def _case(rows, cols):

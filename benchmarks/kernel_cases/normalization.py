@@ -8,8 +8,8 @@ single public kernel for, is the closed-form reference (torch.compile fuses it).
 import torch
 import torch.nn.functional as F
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.normalization import rmsnorm_bwd_reference
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.normalization import rmsnorm_bwd_reference
 
 SHAPES = [(16384, 4096), (32768, 8192)]
 BF16 = torch.bfloat16
@@ -70,17 +70,17 @@ def _cases(rows, cols):
     cases = [
         dict(name="layernorm_fwd", bytes=2 * n * 2 + 2 * stats,
              make=lambda i: (_randn(shape, i), *_weights(cols, 20 + i)),
-             te=lambda x, w, b: ops.layernorm_fwd(x, w, b, EPS), torch=torch_layernorm),
+             te=lambda x, w, b: kernels.layernorm_fwd(x, w, b, EPS), torch=torch_layernorm),
         dict(name="rmsnorm_fwd", bytes=2 * n * 2 + stats,
              make=lambda i: (_randn(shape, i), _weights(cols, 20 + i)[0]),
-             te=lambda x, w: ops.rmsnorm_fwd(x, w, EPS), torch=torch_rmsnorm),
+             te=lambda x, w: kernels.rmsnorm_fwd(x, w, EPS), torch=torch_rmsnorm),
         dict(name="layernorm_bwd", bytes=3 * n * 2 + 2 * stats,
              make=lambda i: _make_ln_bwd(shape, i),
-             te=lambda dz, x, mu, rs, w, b: ops.layernorm_bwd(dz, x, mu.view(-1), rs.view(-1), w),
+             te=lambda dz, x, mu, rs, w, b: kernels.layernorm_bwd(dz, x, mu.view(-1), rs.view(-1), w),
              torch=torch_layernorm_bwd),
         dict(name="rmsnorm_bwd", bytes=3 * n * 2 + stats,
              make=lambda i: _make_rms_bwd(shape, i),
-             te=lambda dz, x, rs, w: ops.rmsnorm_bwd(dz, x, rs, w),
+             te=lambda dz, x, rs, w: kernels.rmsnorm_bwd(dz, x, rs, w),
              torch=lambda dz, x, rs, w: rmsnorm_bwd_reference(dz, x, rs, w)),
     ]
     if rows == SHAPES[0][0]:
@@ -89,7 +89,7 @@ def _cases(rows, cols):
             name="layernorm_fwd_fp8", bytes=n * 2 + n + 2 * stats,
             make=lambda i: (_randn(shape, i), *_weights(cols, 20 + i),
                             torch.tensor([16.0], device="cuda"), torch.zeros(1, device="cuda")),
-            te=lambda x, w, b, s, a: ops.layernorm_fwd(x, w, b, EPS, fp8_dtype=FP8, scale=s, amax=a),
+            te=lambda x, w, b, s, a: kernels.layernorm_fwd(x, w, b, EPS, fp8_dtype=FP8, scale=s, amax=a),
             torch=torch_layernorm_fp8))
     return cases
 

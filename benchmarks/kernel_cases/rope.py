@@ -3,11 +3,11 @@ dim, bf16, on [s, b, h, d] tensors viewed as 16384x4096 (s=4096, b=4, h=32, d=12
 (s=8192, b=4, h=64, d=128) tokens x features.
 
 Bytes: x (or grad) read once, the output written once, the freqs table read once. The "torch"
-peer is the plain reference of ops/rope.py (fp32 maths, one rounding)."""
+peer is the plain reference of kernels/rope.py (fp32 maths, one rounding)."""
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.rope import rope_reference
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.rope import rope_reference
 
 # (s, b, h, d) and the 2-D shape they stand for.
 SHAPES = [((4096, 4, 32, 128), (16384, 4096)), ((8192, 4, 64, 128), (32768, 8192))]
@@ -40,9 +40,9 @@ for sbhd, flat in SHAPES:
     table = sbhd[0] * sbhd[3] * 4
     CASES += [
         dict(family="rope", name="rope_fwd_sbhd", shape=flat, bytes=2 * n * 2 + table,
-             make=_make(sbhd), te=lambda x, f: ops.rope_forward(x, f, "sbhd"),
+             make=_make(sbhd), te=lambda x, f: kernels.rope_forward(x, f, "sbhd"),
              torch=lambda x, f: rope_reference(x, f, "sbhd")),
         dict(family="rope", name="rope_bwd_sbhd", shape=flat, bytes=2 * n * 2 + table,
-             make=_make(sbhd), te=lambda g, f: ops.rope_backward(g, f, "sbhd"),
+             make=_make(sbhd), te=lambda g, f: kernels.rope_backward(g, f, "sbhd"),
              torch=torch_rope_bwd),
     ]

@@ -9,7 +9,7 @@ so those cases count half the input bytes plus the full output. The "torch" peer
 plain-PyTorch reference (softmax in fp32 after scaling and masking)."""
 import torch
 
-from transformer_engine.pytorch import ops
+from transformer_engine.pytorch import kernels
 
 BF16 = torch.bfloat16
 SCALE = 0.125
@@ -48,10 +48,10 @@ def _rows_cases(rows, sk):
     n, shape = rows * sk, (rows, sk)
     return [
         dict(name="softmax_fwd", shape=shape, bytes=2 * n * 2, make=lambda i: (_randn(shape, i),),
-             te=lambda x: ops.scaled_softmax_forward(x, SCALE), torch=torch_softmax),
+             te=lambda x: kernels.scaled_softmax_forward(x, SCALE), torch=torch_softmax),
         dict(name="softmax_bwd", shape=shape, bytes=3 * n * 2,
              make=lambda i: (_randn(shape, i), torch.softmax(_randn(shape, 10 + i).float(), -1).to(BF16)),
-             te=lambda dy, y: ops.scaled_softmax_backward(dy, y, SCALE), torch=torch_softmax_bwd),
+             te=lambda dy, y: kernels.scaled_softmax_backward(dy, y, SCALE), torch=torch_softmax_bwd),
     ]
 
 
@@ -64,7 +64,7 @@ def _masked_case():
         mask = torch.rand(mask_shape, device="cuda", generator=g) < 0.2
         return _randn(shape, i), mask
     return dict(name="masked_softmax_fwd", shape=shape, bytes=2 * n * 2 + n // 8, make=make,
-                te=lambda x, m: ops.scaled_masked_softmax_forward(x, m, SCALE),
+                te=lambda x, m: kernels.scaled_masked_softmax_forward(x, m, SCALE),
                 torch=torch_masked_softmax)
 
 
@@ -74,11 +74,11 @@ def _causal_cases():
     return [
         dict(name="causal_softmax_fwd", shape=shape, bytes=(n // 2 + n) * 2,
              make=lambda i: (_randn(shape, i),),
-             te=lambda x: ops.scaled_upper_triang_masked_softmax_forward(x, SCALE),
+             te=lambda x: kernels.scaled_upper_triang_masked_softmax_forward(x, SCALE),
              torch=torch_causal_softmax),
         dict(name="causal_softmax_bwd", shape=shape, bytes=(n + n) * 2,
              make=lambda i: (_randn(shape, i), torch_causal_softmax(_randn(shape, 10 + i))),
-             te=lambda dy, y: ops.scaled_upper_triang_masked_softmax_backward(dy, y, SCALE),
+             te=lambda dy, y: kernels.scaled_upper_triang_masked_softmax_backward(dy, y, SCALE),
              torch=torch_softmax_bwd),
     ]
 

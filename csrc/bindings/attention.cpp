@@ -1,5 +1,5 @@
 // Bindings of the fused attention family. Parameters travel as one tuple (see
-// transformer_engine/pytorch/ops/attention.py, _params_tuple) so Python and C share one order.
+// transformer_engine/pytorch/kernels/attention.py, _params_tuple) so Python and C share one order.
 #include <string>
 
 #include "bindings.h"

@@ -94,7 +94,7 @@ def test_torch_dtype_refused_without_fp8(monkeypatch):
 ])
 def test_jnp_dtype_follows_the_arch_flavor(arch, e4m3, e5m2):
     import jax.numpy as jnp
-    from transformer_engine.jax.ops.cast import fp8_dtype
+    from transformer_engine.jax.kernels.cast import fp8_dtype
     flavor = fp8_for_arch(arch).flavor
     assert fp8_dtype(E4M3, flavor) == jnp.dtype(getattr(jnp, e4m3))
     assert fp8_dtype(E5M2, flavor) == jnp.dtype(getattr(jnp, e5m2))

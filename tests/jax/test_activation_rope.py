@@ -8,11 +8,11 @@ jnp = jax.numpy
 torch = pytest.importorskip("torch")
 
 from tolerances import tols  # noqa: E402
-from transformer_engine.jax import ops as jops  # noqa: E402
-from transformer_engine.jax.ops import cast as jcast  # noqa: E402
-from transformer_engine.pytorch.ops import activation as tact  # noqa: E402
-from transformer_engine.pytorch.ops import rope as trope  # noqa: E402
-from transformer_engine.pytorch.ops.cast import quantize_reference  # noqa: E402
+from transformer_engine.jax import kernels as jops  # noqa: E402
+from transformer_engine.jax.kernels import cast as jcast  # noqa: E402
+from transformer_engine.pytorch.kernels import activation as tact  # noqa: E402
+from transformer_engine.pytorch.kernels import rope as trope  # noqa: E402
+from transformer_engine.pytorch.kernels.cast import quantize_reference  # noqa: E402
 
 NAMES = list(tact.ACTIVATIONS) + list(tact.GATED)
 

@@ -9,8 +9,8 @@ jnp = jax.numpy
 torch = pytest.importorskip("torch")
 
 from tolerances import tols  # noqa: E402
-from transformer_engine.jax.ops import attention as JA  # noqa: E402
-from transformer_engine.pytorch.ops import attention as TA  # noqa: E402
+from transformer_engine.jax.kernels import attention as JA  # noqa: E402
+from transformer_engine.pytorch.kernels import attention as TA  # noqa: E402
 
 CASES = [
     ("bshd", "no_mask", 4, 4, [19, 19], [19, 19], (-1, -1)),

@@ -7,8 +7,8 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 torch = pytest.importorskip("torch")
 
-from transformer_engine.jax import ops as jops  # noqa: E402
-from transformer_engine.pytorch import ops as tops  # noqa: E402
+from transformer_engine.jax import kernels as jops  # noqa: E402
+from transformer_engine.pytorch import kernels as tops  # noqa: E402
 
 CPU = jax.devices("cpu")[0]
 

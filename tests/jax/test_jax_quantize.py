@@ -10,8 +10,8 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 torch = pytest.importorskip("torch")
 
-from transformer_engine.jax import ops as jops  # noqa: E402
-from transformer_engine.pytorch import ops as tops  # noqa: E402
+from transformer_engine.jax import kernels as jops  # noqa: E402
+from transformer_engine.pytorch import kernels as tops  # noqa: E402
 
 # The jnp ops are the reference backend: run them on the CPU. (XLA's float32 division on a GPU is
 # not correctly rounded, an ulp away from the kernel and from torch; the native JAX path calls

@@ -9,8 +9,8 @@ jnp = jax.numpy
 torch = pytest.importorskip("torch")
 
 from tolerances import tols  # noqa: E402
-from transformer_engine.jax import ops as jops  # noqa: E402
-from transformer_engine.pytorch import ops as tops  # noqa: E402
+from transformer_engine.jax import kernels as jops  # noqa: E402
+from transformer_engine.pytorch import kernels as tops  # noqa: E402
 
 CPU = jax.devices("cpu")[0]
 DTYPES = ["float32", "bfloat16", "float16"]

@@ -8,7 +8,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 from jax_utils import assert_bits, assert_close, on_cpu, rand  # noqa: E402
-from transformer_engine.jax import ops  # noqa: E402
+from transformer_engine.jax import kernels  # noqa: E402
 from transformer_engine.jax.primitives import activation as pact  # noqa: E402
 from transformer_engine.jax.primitives import cast as pcast  # noqa: E402
 from transformer_engine.jax.primitives import gemm as pgemm  # noqa: E402
@@ -27,11 +27,11 @@ def test_quantize_and_cast_transpose_bitwise(dtype, fp8, shape):
     x = rand(shape, dtype, 1, 3.0)
     scale = jnp.float32(7.5)
     got = jax.jit(lambda v: pcast.quantize(v, scale, fp8))(x)
-    want = on_cpu(ops.quantize, x, scale, fp8)
+    want = on_cpu(kernels.quantize, x, scale, fp8)
     for g, w, what in zip(got, want, ("data", "scale_inv", "amax")):
         assert_bits(g, w, what)
     got = jax.jit(lambda v: pcast.cast_transpose(v, scale, fp8))(x)
-    want = on_cpu(ops.cast_transpose, x, scale, fp8)
+    want = on_cpu(kernels.cast_transpose, x, scale, fp8)
     for g, w, what in zip(got, want, ("data", "data_t", "scale_inv", "amax")):
         assert_bits(g, w, what)
 
@@ -41,7 +41,7 @@ def test_delayed_scaling_update(algo):
     hist = jnp.abs(rand((5, 7), "float32", 2, 3.0)).at[:, 3].set(0.0)
     scale = jnp.abs(rand((7,), "float32", 3)) + 0.5
     got = jax.jit(lambda h, s: pcast.delayed_scaling_update(h, s, 448.0, algo, 1.0))(hist, scale)
-    want = on_cpu(ops.delayed_scaling_update, hist, scale, 448.0, algo, 1.0)
+    want = on_cpu(kernels.delayed_scaling_update, hist, scale, 448.0, algo, 1.0)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
 
@@ -84,10 +84,10 @@ ACTS = ["gelu", "relu", "qgelu", "srelu", "silu", "geglu", "swiglu", "reglu"]
 def test_activation_forward_backward(dtype, name):
     x = rand((37, 46), dtype, 11, 2.0)
     y = jax.jit(lambda v: pact.activation(v, name))(x)
-    assert_close(y, on_cpu(ops.activation_forward, x, name), dtype, "y")
+    assert_close(y, on_cpu(kernels.activation_forward, x, name), dtype, "y")
     dy = rand(y.shape, dtype, 12)
     got = jax.jit(jax.vjp(lambda v: pact.activation(v, name), x)[1])(dy)[0]
-    want = on_cpu(ops.activation_backward, dy, x, name)
+    want = on_cpu(kernels.activation_backward, dy, x, name)
     assert_close(got, want, dtype, "dx", scale=2)
 
 
@@ -96,7 +96,7 @@ def test_activation_forward_backward(dtype, name):
 def test_activation_fp8_output(fp8, name):
     x = rand((64, 128), "bfloat16", 13)
     got = jax.jit(lambda v: pact.activation_forward(v, name, fp8, jnp.float32(2.0)))(x)
-    want = on_cpu(ops.activation_forward, x, name, fp8, jnp.float32(2.0))
+    want = on_cpu(kernels.activation_forward, x, name, fp8, jnp.float32(2.0))
     assert_close(got[0].astype(jnp.float32), want[0].astype(jnp.float32), fp8, "y fp8")
     assert_close(got[2], want[2], "bfloat16", "amax")
 
@@ -106,7 +106,7 @@ def test_activation_fp8_output(fp8, name):
 def test_dbias_dactivation(dtype, name):
     x, dy = rand((77, 40), dtype, 14, 2.0), rand((77, 40), dtype, 15)
     got = jax.jit(lambda g, v: pact.dbias_dactivation(g, v, name))(dy, x)
-    want = on_cpu(ops.dbias_dactivation, dy, x, name)
+    want = on_cpu(kernels.dbias_dactivation, dy, x, name)
     assert_close(got[0], want[0], dtype, "dx", scale=2)
     assert_close(got[1], want[1], dtype, "dbias", scale=8)
 
@@ -121,7 +121,7 @@ def test_softmax(dtype, kind):
     assert_close(y, on_cpu(psoft.softmax_forward, x, mask, 0.7, kind), dtype, "y")
     dy = rand(x.shape, dtype, 18)
     got = jax.jit(jax.vjp(f, x)[1])(dy)[0]
-    assert_close(got, on_cpu(ops.scaled_softmax_backward, dy, y, 0.7), dtype, "dx", scale=2)
+    assert_close(got, on_cpu(kernels.scaled_softmax_backward, dy, y, 0.7), dtype, "dx", scale=2)
 
 
 @pytest.mark.parametrize("dtype", HP)
@@ -134,7 +134,7 @@ def test_gemm_high_precision(dtype, layout, epilogue):
     bias = rand((m,), dtype, 21) if "bias" in epilogue else None
     gelu = "gelu" in epilogue
     got = jax.jit(lambda a, b: pgemm.general_gemm(a, b, layout=layout, bias=bias, gelu=gelu))(a, b)
-    want = on_cpu(lambda a, b: ops.general_gemm(a, b, layout=layout, bias=bias, gelu=gelu), a, b)
+    want = on_cpu(lambda a, b: kernels.general_gemm(a, b, layout=layout, bias=bias, gelu=gelu), a, b)
     assert_close(got.out, want.out, dtype, "out", scale=4, of_max=True)
     if gelu:
         assert_close(got.gelu_input, want.gelu_input, dtype, "gelu_input", scale=4, of_max=True)

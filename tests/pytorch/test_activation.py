@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops import activation as act
-from transformer_engine.pytorch.ops.cast import fp8_max_of, quantize_reference
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels import activation as act
+from transformer_engine.pytorch.kernels.cast import fp8_max_of, quantize_reference
 from utils import DEVICES, randn, stable_seed, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
@@ -104,7 +104,7 @@ def test_reference_matches_float64_model(name):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_forward(device, dtype, name, shape):
     x = randn(shape, dtype, device, seed=_seed(shape, dtype, name), scale=2.0)
-    y = ops.activation_forward(x, name)
+    y = kernels.activation_forward(x, name)
     want = act.activation_reference(x.cpu(), name)
     assert y.dtype == dtype and y.shape == want.shape
     _close(y, want, dtype)
@@ -118,7 +118,7 @@ def test_backward_matches_autograd(device, dtype, name, shape):
     x = randn(shape, dtype, device, seed=_seed(shape, dtype, name, "x"), scale=2.0)
     out_shape = act.activation_reference(x.cpu(), name).shape
     g = randn(out_shape, dtype, device, seed=_seed(shape, dtype, name, "g"))
-    dx = ops.activation_backward(g, x, name)
+    dx = kernels.activation_backward(g, x, name)
     xr = x.cpu().requires_grad_(True)
     act.activation_reference(xr, name).backward(g.cpu())
     assert dx.dtype == dtype and dx.shape == x.shape
@@ -129,7 +129,7 @@ def test_backward_matches_autograd(device, dtype, name, shape):
 @pytest.mark.parametrize("name", ["gelu", "swiglu", "srelu"])
 def test_apply_activation_autograd(device, name):
     x = randn((33, 64), torch.bfloat16, device, seed=5, scale=2.0).requires_grad_(True)
-    y = ops.apply_activation(x, name)
+    y = kernels.apply_activation(x, name)
     g = randn(y.shape, torch.bfloat16, device, seed=6)
     y.backward(g)
     xr = x.detach().cpu().requires_grad_(True)
@@ -151,7 +151,7 @@ def test_forward_fp8(device, fp8_dtype, dtype, name, shape):
     ref32 = act.activation_fp32_reference(x.cpu(), name)
     scale = torch.tensor([_scale(ref32, fp8_dtype)], device=device)
     amax = torch.zeros(1, device=device)
-    y8, scale_inv = ops.activation_forward(x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
+    y8, scale_inv = kernels.activation_forward(x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     want, want_si, want_amax = quantize_reference(ref32, scale.cpu(), fp8_dtype)
     assert y8.dtype == fp8_dtype and y8.shape == want.shape
     _check_fp8(y8, want, name)
@@ -170,7 +170,7 @@ def test_backward_fp8(device, fp8_dtype, name):
     ref32 = act.dactivation_fp32_reference(g.cpu(), x.cpu(), name)
     scale = torch.tensor([_scale(ref32, fp8_dtype)], device=device)
     amax = torch.zeros(1, device=device)
-    dx8, _ = ops.activation_backward(g, x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
+    dx8, _ = kernels.activation_backward(g, x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     want, _, want_amax = quantize_reference(ref32, scale.cpu(), fp8_dtype)
     _check_fp8(dx8, want, name if name in ("relu", "reglu") else "inexact")
     torch.testing.assert_close(amax.cpu(), want_amax, rtol=1e-5, atol=0)
@@ -196,7 +196,7 @@ def _dbias_tols(dtype, rows):
 def test_dbias_dactivation(device, dtype, name, shape):
     x = randn(shape, dtype, device, seed=_seed(shape, dtype, name, "db"), scale=2.0)
     g = randn(shape, dtype, device, seed=_seed(shape, dtype, name, "dbg"))
-    dx, dbias = ops.dbias_dactivation(g, x, name)
+    dx, dbias = kernels.dbias_dactivation(g, x, name)
     want_dx, want_dbias = act.dbias_dactivation_reference(g.cpu(), x.cpu(), name)
     rows = math.prod(shape[:-1])
     assert dx.dtype == dtype and dbias.dtype == dtype and dbias.shape == (shape[-1],)
@@ -218,7 +218,7 @@ def test_dbias_dactivation_fp8(device, fp8_dtype, name, shape):
     ref_dx, ref_dbias = act.dbias_dactivation_reference(g.cpu(), x.cpu(), name, torch.float32)
     scale = torch.tensor([_scale(ref_dx, fp8_dtype)], device=device)
     amax = torch.zeros(1, device=device)
-    dx8, dbias, scale_inv = ops.dbias_dactivation(g, x, name, dbias_dtype=torch.float32,
+    dx8, dbias, scale_inv = kernels.dbias_dactivation(g, x, name, dbias_dtype=torch.float32,
                                                   fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     want, want_si, want_amax = quantize_reference(ref_dx, scale.cpu(), fp8_dtype)
     _check_fp8(dx8, want, "relu" if name == "relu" else "inexact")
@@ -235,23 +235,23 @@ def test_misaligned_pointer(device, name):
     # A contiguous tensor starting one element into its storage defeats 16-byte accesses.
     base = randn((64 * 64 + 1,), torch.bfloat16, device, seed=9, scale=2.0)
     x = base[1:].view(64, 64)
-    _close(ops.activation_forward(x, name), act.activation_reference(x.cpu(), name), torch.bfloat16)
+    _close(kernels.activation_forward(x, name), act.activation_reference(x.cpu(), name), torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors_name_op_and_argument(device):
     x = randn((4, 6), torch.bfloat16, device, seed=1)
     with pytest.raises(ValueError, match="activation_forward.*activation"):
-        ops.activation_forward(x, "tanh")
+        kernels.activation_forward(x, "tanh")
     with pytest.raises(ValueError, match="even last dimension"):
-        ops.activation_forward(randn((4, 5), torch.bfloat16, device, seed=1), "swiglu")
+        kernels.activation_forward(randn((4, 5), torch.bfloat16, device, seed=1), "swiglu")
     with pytest.raises(ValueError, match="grad"):
-        ops.activation_backward(randn((4, 4), torch.bfloat16, device, seed=2), x, "gelu")
+        kernels.activation_backward(randn((4, 4), torch.bfloat16, device, seed=2), x, "gelu")
     with pytest.raises(ValueError, match="grad.*dtype"):
-        ops.activation_backward(x.float(), x, "gelu")
+        kernels.activation_backward(x.float(), x, "gelu")
     with pytest.raises(ValueError, match="dbias_dactivation.*activation"):
-        ops.dbias_dactivation(x, x, "geglu")
+        kernels.dbias_dactivation(x, x, "geglu")
     with pytest.raises(ValueError, match="scale"):
-        ops.activation_forward(x, "gelu", fp8_dtype=torch.float8_e4m3fn)
+        kernels.activation_forward(x, "gelu", fp8_dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="x has dtype int32"):
-        ops.activation_forward(x.to(torch.int32), "relu")
+        kernels.activation_forward(x.to(torch.int32), "relu")

@@ -1,5 +1,5 @@
 """DotProductAttention and its dispatcher: every available backend against the plain-torch
-reference (ops.attention.attention_reference, fp32 maths) over dtypes x mask types x layouts
+reference (kernels.attention.attention_reference, fp32 maths) over dtypes x mask types x layouts
 (incl. thd) x GQA x window x head dims x odd sequence lengths, forward and gradients; the
 dispatcher's decisions and env switches (on CPU too: the report needs no GPU); RoPE, KV-cache
 decoding; the layers are tested in test_attention_layers.py.
@@ -19,8 +19,8 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch.attention import backend_selection as bs
 from transformer_engine.pytorch.attention import DotProductAttention, InferenceParams, RotaryPositionEmbedding
-from transformer_engine.pytorch.ops import attention as attn_ops
-from transformer_engine.pytorch.ops import attention_packed
+from transformer_engine.pytorch.kernels import attention as attn_ops
+from transformer_engine.pytorch.kernels import attention_packed
 from utils import native_gpu_reason, randn, tols
 
 HAS_GPU = not native_gpu_reason()
@@ -193,7 +193,7 @@ def _cfg(device="cpu", dtype=torch.bfloat16, **kw):
 
 
 class _FakeKernels:
-    """Stands in for ops.attention's kernel query so the rule table is tested on any machine."""
+    """Stands in for kernels.attention's kernel query so the rule table is tested on any machine."""
     def __init__(self, supported):
         self.supported = supported
 

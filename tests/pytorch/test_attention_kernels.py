@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from transformer_engine.pytorch.ops import attention as A
+from transformer_engine.pytorch.kernels import attention as A
 from utils import native_gpu_reason, requires_native_gpu, seeded, tols
 
 DTYPES = [torch.float16, torch.bfloat16]

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops import activation as act
-from transformer_engine.pytorch.ops.cast import fp8_max_of
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels import activation as act
+from transformer_engine.pytorch.kernels.cast import fp8_max_of
 from utils import DEVICES, randn, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
@@ -79,8 +79,8 @@ def test_cast_transpose_dbias(device, dtype, fp8_dtype, shape):
     x = randn(shape, dtype, device, seed=_seed(shape, dtype, "ctdb"), scale=2.0)
     scale = _scale_for(x.float(), fp8_dtype, device)
     amax, amax_ref = torch.zeros(1, device=device), torch.zeros(1, device=device)
-    data, data_t, dbias, scale_inv = ops.cast_transpose_dbias(x, scale, fp8_dtype, amax=amax)
-    ref, ref_t, ref_si = ops.cast_transpose(x, scale, fp8_dtype, amax=amax_ref)
+    data, data_t, dbias, scale_inv = kernels.cast_transpose_dbias(x, scale, fp8_dtype, amax=amax)
+    ref, ref_t, ref_si = kernels.cast_transpose(x, scale, fp8_dtype, amax=amax_ref)
     _assert_same_fp8((data, data_t, scale_inv, amax), (ref, ref_t, ref_si, amax_ref))
     rows, cols = math.prod(shape[:-1]), shape[-1]
     assert dbias.dtype == dtype and dbias.shape == (cols,)
@@ -94,7 +94,7 @@ def test_cast_transpose_dbias_fp32_dbias_and_amax_accumulates(device):
     x = randn((300, 136), torch.bfloat16, device, seed=3)
     scale = torch.tensor([4.0], device=device)
     amax = torch.full((1,), 1e4, device=device)
-    _, _, dbias, _ = ops.cast_transpose_dbias(x, scale, torch.float8_e4m3fn, amax=amax,
+    _, _, dbias, _ = kernels.cast_transpose_dbias(x, scale, torch.float8_e4m3fn, amax=amax,
                                               dbias_dtype=torch.float32)
     assert dbias.dtype == torch.float32
     torch.testing.assert_close(dbias.cpu(), x.cpu().float().sum(0),
@@ -113,9 +113,9 @@ def test_cast_transpose_dbias_short_input_same_bits(device, dtype):
     longer = torch.cat([x, torch.zeros(1, 200, dtype=dtype, device=device)])
     scale = torch.tensor([2.0], device=device)
     for dbias_dtype in (dtype, torch.float32):
-        _, _, short_db, _ = ops.cast_transpose_dbias(x, scale, torch.float8_e4m3fn,
+        _, _, short_db, _ = kernels.cast_transpose_dbias(x, scale, torch.float8_e4m3fn,
                                                      dbias_dtype=dbias_dtype)
-        _, _, long_db, _ = ops.cast_transpose_dbias(longer, scale, torch.float8_e4m3fn,
+        _, _, long_db, _ = kernels.cast_transpose_dbias(longer, scale, torch.float8_e4m3fn,
                                                     dbias_dtype=dbias_dtype)
         assert torch.equal(bits(short_db), bits(long_db)), dbias_dtype
 
@@ -132,9 +132,9 @@ def test_act_cast_transpose(device, name, dtype, fp8_dtype, shape):
     v = act.activation_fp32_reference(x.cpu(), name)
     scale = _scale_for(v, fp8_dtype, device)
     amax, amax_ref = torch.zeros(1, device=device), torch.zeros(1, device=device)
-    data, data_t, scale_inv = ops.act_cast_transpose(x, name, scale, fp8_dtype, amax=amax)
-    y8, ref_si = ops.activation_forward(x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax_ref)
-    _assert_same_fp8((data, data_t, scale_inv, amax), (y8, ops.transpose(y8), ref_si, amax_ref))
+    data, data_t, scale_inv = kernels.act_cast_transpose(x, name, scale, fp8_dtype, amax=amax)
+    y8, ref_si = kernels.activation_forward(x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax_ref)
+    _assert_same_fp8((data, data_t, scale_inv, amax), (y8, kernels.transpose(y8), ref_si, amax_ref))
     _assert_dequantizes_to(data, data_t, scale_inv, v)
 
 
@@ -152,11 +152,11 @@ def test_dact_dbias_cast_transpose(device, name, dtype, fp8_dtype, shape):
     v = act.dactivation_fp32_reference(g.cpu(), x.cpu(), name)
     scale = _scale_for(v, fp8_dtype, device)
     amax, amax_ref = torch.zeros(1, device=device), torch.zeros(1, device=device)
-    data, data_t, dbias, scale_inv = ops.dact_dbias_cast_transpose(
+    data, data_t, dbias, scale_inv = kernels.dact_dbias_cast_transpose(
         g, x, name, scale, fp8_dtype, amax=amax, dbias_dtype=torch.float32)
-    dx8, ref_si = ops.activation_backward(g, x, name, fp8_dtype=fp8_dtype, scale=scale,
+    dx8, ref_si = kernels.activation_backward(g, x, name, fp8_dtype=fp8_dtype, scale=scale,
                                           amax=amax_ref)
-    _assert_same_fp8((data, data_t, scale_inv, amax), (dx8, ops.transpose(dx8), ref_si, amax_ref))
+    _assert_same_fp8((data, data_t, scale_inv, amax), (dx8, kernels.transpose(dx8), ref_si, amax_ref))
     _assert_dequantizes_to(data, data_t, scale_inv, v)
     rows, cols = math.prod(shape[:-1]), shape[-1]
     assert dbias.dtype == torch.float32 and dbias.shape == (cols,)
@@ -174,8 +174,8 @@ def test_dact_dbias_in_input_dtype_and_without_dbias(device, dtype, name):
     g = randn(gshape, dtype, device, seed=_seed(name, dtype, "nbg"))
     v = act.dactivation_fp32_reference(g.cpu(), x.cpu(), name)
     scale = _scale_for(v, torch.float8_e5m2, device)
-    with_b = ops.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2)
-    without = ops.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2, with_dbias=False)
+    with_b = kernels.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2)
+    without = kernels.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2, with_dbias=False)
     assert without[2] is None
     assert torch.equal(bits(with_b[0]), bits(without[0]))
     assert torch.equal(bits(with_b[1]), bits(without[1]))
@@ -192,20 +192,20 @@ def test_bad_arguments_raise_clear_errors(device):
     s = torch.ones(1, device=device)
     e4 = torch.float8_e4m3fn
     with pytest.raises(ValueError, match=r"act_cast_transpose\(tanh\): activation is 'tanh'"):
-        ops.act_cast_transpose(x, "tanh", s, e4)
+        kernels.act_cast_transpose(x, "tanh", s, e4)
     with pytest.raises(ValueError, match=r"act_cast_transpose\(gelu\): fp8_dtype"):
-        ops.act_cast_transpose(x, "gelu", s, torch.float16)
+        kernels.act_cast_transpose(x, "gelu", s, torch.float16)
     with pytest.raises(ValueError, match=r"act_cast_transpose\(swiglu\): x has shape \(8, 15\)"):
-        ops.act_cast_transpose(randn((8, 15), torch.bfloat16, device, seed=2), "swiglu", s, e4)
+        kernels.act_cast_transpose(randn((8, 15), torch.bfloat16, device, seed=2), "swiglu", s, e4)
     with pytest.raises(ValueError, match=r"dact_dbias_cast_transpose\(gelu\): grad has shape"):
-        ops.dact_dbias_cast_transpose(x[:, :8].contiguous(), x, "gelu", s, e4)
+        kernels.dact_dbias_cast_transpose(x[:, :8].contiguous(), x, "gelu", s, e4)
     with pytest.raises(ValueError, match=r"dact_dbias_cast_transpose\(swiglu\): grad has shape"):
-        ops.dact_dbias_cast_transpose(x, x, "swiglu", s, e4)
+        kernels.dact_dbias_cast_transpose(x, x, "swiglu", s, e4)
     with pytest.raises(ValueError, match=r"dact_dbias_cast_transpose\(relu\): grad has dtype"):
-        ops.dact_dbias_cast_transpose(x.float(), x, "relu", s, e4)
+        kernels.dact_dbias_cast_transpose(x.float(), x, "relu", s, e4)
     with pytest.raises(ValueError, match=r"cast_transpose_dbias: x of shape \(16, 8\) is not"):
-        ops.cast_transpose_dbias(x.t(), s, e4)
+        kernels.cast_transpose_dbias(x.t(), s, e4)
     with pytest.raises(ValueError, match=r"cast_transpose_dbias: dbias_dtype"):
-        ops.cast_transpose_dbias(x, s, e4, dbias_dtype=torch.int32)
+        kernels.cast_transpose_dbias(x, s, e4, dbias_dtype=torch.int32)
     with pytest.raises(ValueError, match=r"cast_transpose_dbias: scale must hold one float32"):
-        ops.cast_transpose_dbias(x, torch.ones(2, device=device), e4)
+        kernels.cast_transpose_dbias(x, torch.ones(2, device=device), e4)

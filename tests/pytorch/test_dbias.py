@@ -1,4 +1,4 @@
-"""The plain bias gradient (ops.dbias: the column sums of a gradient, nvte_dbias natively)
+"""The plain bias gradient (kernels.dbias: the column sums of a gradient, nvte_dbias natively)
 against a float64 sum, its determinism and argument errors, and te.Linear's bias gradient against
 torch.nn.Linear's where the modules take the column-sum kernels (high precision, a gradient too
 large for the wgrad GEMM's bias-gradient epilogue)."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import transformer_engine.pytorch as te
-from transformer_engine.pytorch import ops
+from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.library import dispatch
 from transformer_engine.pytorch.module import _gemms
 from utils import DEVICES, native_gpu_reason, randn, stable_seed, tols
@@ -39,15 +39,15 @@ def _check_sums(got, grad, dbias_dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_dbias_matches_float64(device, dtype, dbias_dtype, shape):
     g = randn(shape, dtype, device, seed=stable_seed(shape, dtype, "dbias"))
-    db = ops.dbias(g, dbias_dtype)
+    db = kernels.dbias(g, dbias_dtype)
     _check_sums(db, g, dbias_dtype or dtype)
-    _check_sums(ops.dbias_reference(g.cpu(), dbias_dtype), g, dbias_dtype or dtype)
+    _check_sums(kernels.dbias_reference(g.cpu(), dbias_dtype), g, dbias_dtype or dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_dbias_no_rows_gives_zeros(device):
     g = torch.empty((0, 72), dtype=torch.bfloat16, device=device)
-    db = ops.dbias(g, torch.float32)
+    db = kernels.dbias(g, torch.float32)
     assert db.shape == (72,) and torch.equal(db.cpu(), torch.zeros(72))
 
 
@@ -58,16 +58,16 @@ def test_dbias_storage_offset(device, offset):
     rows, cols = 300, 64
     base = randn((rows * cols + offset,), torch.bfloat16, device, seed=3)
     g = base[offset:].view(rows, cols)
-    _check_sums(ops.dbias(g, torch.float32), g, torch.float32)
+    _check_sums(kernels.dbias(g, torch.float32), g, torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(8192, 1024), (4096, 12288 // 8 + 8), (333, 1000)])
 def test_dbias_deterministic(device, shape):
     g = randn(shape, torch.bfloat16, device, seed=11, scale=3.0)
-    a = ops.dbias(g, torch.float32)
+    a = kernels.dbias(g, torch.float32)
     torch.ones(1 << 20, device=device).sum()  # other work in between
-    b = ops.dbias(g, torch.float32)
+    b = kernels.dbias(g, torch.float32)
     c = _gemms.bias_grad_of(g, torch.float32)  # the modules' (direct) path: the same kernels
     assert torch.equal(a, b) and torch.equal(a, c)
 
@@ -76,15 +76,15 @@ def test_dbias_deterministic(device, shape):
 def test_dbias_errors_name_op_and_argument(device):
     g = randn((4, 6), torch.bfloat16, device, seed=1)
     with pytest.raises(ValueError, match=r"dbias: grad has dtype int32; expected one of float32"):
-        ops.dbias(g.to(torch.int32))
+        kernels.dbias(g.to(torch.int32))
     with pytest.raises(ValueError, match=r"dbias: grad has dtype float8_e4m3fn"):
-        ops.dbias(g.to(torch.float8_e4m3fn))
+        kernels.dbias(g.to(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match=r"dbias: grad has shape \(6,\); expected at least 2 dims"):
-        ops.dbias(g[0])
+        kernels.dbias(g[0])
     with pytest.raises(ValueError, match=r"dbias: grad of shape \(6, 4\) is not contiguous"):
-        ops.dbias(g.t())
+        kernels.dbias(g.t())
     with pytest.raises(ValueError, match=r"dbias: dbias_dtype is torch.int64; expected float32"):
-        ops.dbias(g, torch.int64)
+        kernels.dbias(g, torch.int64)
 
 
 @pytest.mark.skipif(bool(native_gpu_reason()), reason=native_gpu_reason() or "ok")
@@ -113,7 +113,7 @@ def test_dbias_under_compile_matches_eager(device):
     g = randn((300, 136), torch.bfloat16, device, seed=5)
     fn = torch.compile(lambda t: dispatch.dbias(t, torch.float32), fullgraph=True,
                        backend="aot_eager")
-    assert torch.equal(fn(g), ops.dbias(g, torch.float32))
+    assert torch.equal(fn(g), kernels.dbias(g, torch.float32))
 
 
 # ----- te.Linear vs torch.nn.Linear where the column-sum kernels make the bias gradient ----------
@@ -146,4 +146,4 @@ def test_linear_bias_grad_matches_torch(device, dtype, fuse_wgrad):
     if dtype == torch.bfloat16:
         torch.testing.assert_close(m.bias.grad, ref.bias.grad, **tols(dtype))
     # and bit for bit the op's result (the direct path runs the same kernels)
-    assert torch.equal(m.bias.grad, ops.dbias(dy.reshape(-1, out_features), dtype))
+    assert torch.equal(m.bias.grad, kernels.dbias(dy.reshape(-1, out_features), dtype))

@@ -7,7 +7,7 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
-from transformer_engine.pytorch.ops.cast import fp8_max_of
+from transformer_engine.pytorch.kernels.cast import fp8_max_of
 
 from utils import DEVICES, randn, tols
 
@@ -20,10 +20,10 @@ def test_quantize_bits_and_plain_use(device, dtype):
     t = te.Float8Tensor.quantize(x, fp8)
     assert t.dtype == dtype and t.shape == x.shape and t._data.dtype == fp8
     scale = torch.tensor([fp8_max_of(fp8)], device=device) / x.float().abs().max().reshape(1)
-    data, scale_inv = te.ops.quantize(x, scale, fp8)
+    data, scale_inv = te.kernels.quantize(x, scale, fp8)
     assert torch.equal(t._data.view(torch.uint8), data.view(torch.uint8))
     assert torch.equal(t._scale_inv, scale_inv)
-    deq = te.ops.dequantize(data, scale_inv, dtype)
+    deq = te.kernels.dequantize(data, scale_inv, dtype)
     assert torch.equal(t + 1, deq + 1)
     assert torch.equal(t.dequantize(), deq)
     torch.testing.assert_close(deq.float(), x.float(), **tols("float8_e4m3"))
@@ -34,7 +34,7 @@ def test_inplace_update_requantizes_and_drops_transpose(device):
     x = randn((32, 48), torch.bfloat16, device, seed=2)
     t = te.Float8Tensor.quantize(x, te.fp8_dtype("e4m3", device))
     tr = t.transpose_fp8()
-    assert torch.equal(tr.view(torch.uint8), te.ops.transpose(t._data).view(torch.uint8))
+    assert torch.equal(tr.view(torch.uint8), te.kernels.transpose(t._data).view(torch.uint8))
     before = t.dequantize()
     delta = randn((32, 48), torch.bfloat16, device, seed=3, scale=4.0)
     t.add_(delta)

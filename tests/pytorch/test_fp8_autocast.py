@@ -7,7 +7,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import quantization
-from transformer_engine.pytorch.ops.cast import fp8_max_of
+from transformer_engine.pytorch.kernels.cast import fp8_max_of
 
 from utils import DEVICES, randn, requires_native_gpu
 
@@ -89,11 +89,11 @@ def test_current_scaling_matches_manual_casts(device, power_2):
         s = fmax / t.abs().max().reshape(1)
         if power_2:
             s = torch.exp2(torch.floor(torch.log2(s)))
-        return te.ops.quantize(t.contiguous(), s, rs.fwd_dtype)
+        return te.kernels.quantize(t.contiguous(), s, rs.fwd_dtype)
 
     xq, xs = q(x)
     wq, ws = q(m.weight.detach())
-    ref = te.ops.general_gemm(wq, xq, torch.float32, layout="TN", A_scale_inv=ws, B_scale_inv=xs,
+    ref = te.kernels.general_gemm(wq, xq, torch.float32, layout="TN", A_scale_inv=ws, B_scale_inv=xs,
                               bias=m.bias.detach()).out
     assert torch.equal(y, ref)
 

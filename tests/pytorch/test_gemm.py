@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from transformer_engine.pytorch import native, ops
-from transformer_engine.pytorch.ops import gemm as gemm_mod
+from transformer_engine.pytorch import kernels, native
+from transformer_engine.pytorch.kernels import gemm as gemm_mod
 from utils import DEVICES, randn, requires_native_gpu, stable_seed, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
@@ -112,7 +112,7 @@ def run_case(device, layout, m, n, k, in_dtype, out_dtype, epilogue, accumulate,
     if addend:
         acc0 = randn((n, m), out_dtype, device, seed=seed + 5, scale=2.0)
         kwargs["addend"] = acc0.clone()
-    res = ops.general_gemm(A, B, out_dtype, **kwargs)
+    res = kernels.general_gemm(A, B, out_dtype, **kwargs)
     if addend:
         assert torch.equal(kwargs["addend"], acc0), "the addend was written"
         assert res.out.data_ptr() != kwargs["addend"].data_ptr() or res.out.numel() == 0
@@ -171,12 +171,12 @@ def test_gemm_alpha_batched_b_and_repeat(device):
     plans) give the same bits."""
     W = randn((48, 32), torch.bfloat16, device, seed=5)
     X = randn((2, 3, 32), torch.bfloat16, device, seed=6)
-    first = ops.general_gemm(W, X, layout="TN", alpha=0.5).out
+    first = kernels.general_gemm(W, X, layout="TN", alpha=0.5).out
     assert first.shape == (2, 3, 48)
     ref, _, absprod, _ = model(W, X, "TN", alpha=0.5)
     assert_gemm_close(first, ref, absprod, torch.bfloat16)
     for _ in range(3):
-        assert torch.equal(ops.general_gemm(W, X, layout="TN", alpha=0.5).out, first)
+        assert torch.equal(kernels.general_gemm(W, X, layout="TN", alpha=0.5).out, first)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -266,7 +266,7 @@ def test_gemm_addend_into_given_out(device, fp32_out):
     R = randn((2, n // 2, m), out_dtype, device, seed=23)
     bias = randn((m,), out_dtype, device, seed=24)
     out = torch.full((2, n // 2, m), float("nan"), dtype=out_dtype, device=device)
-    res = ops.general_gemm(W, X, layout="TN", bias=bias, out=out, addend=R)
+    res = kernels.general_gemm(W, X, layout="TN", bias=bias, out=out, addend=R)
     assert res.out is out and out.shape == (2, n // 2, m)
     ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=bias)
     assert_gemm_close(out, ref, absprod, out_dtype,
@@ -290,22 +290,22 @@ def test_gemm_addend_errors(device):
     B = randn((8, 32), torch.bfloat16, device)
     R = randn((8, 16), torch.bfloat16, device, seed=1)
     with pytest.raises(ValueError, match="general_gemm: addend and accumulate=True are exclusive"):
-        ops.general_gemm(A, B, out=torch.zeros_like(R), accumulate=True, addend=R)
+        kernels.general_gemm(A, B, out=torch.zeros_like(R), accumulate=True, addend=R)
     with pytest.raises(ValueError, match=r"general_gemm: addend has shape \(8, 15\); expected "
                                          r"out's shape \(8, 16\)"):
-        ops.general_gemm(A, B, addend=R[:, :15].contiguous())
+        kernels.general_gemm(A, B, addend=R[:, :15].contiguous())
     with pytest.raises(ValueError, match=r"general_gemm: addend has shape \(16, 8\)"):
-        ops.general_gemm(A, B, addend=R.t().contiguous())
+        kernels.general_gemm(A, B, addend=R.t().contiguous())
     with pytest.raises(ValueError, match="general_gemm: addend has dtype float32; expected one of "
                                          "bfloat16"):
-        ops.general_gemm(A, B, addend=R.float())
+        kernels.general_gemm(A, B, addend=R.float())
     with pytest.raises(ValueError, match="general_gemm: addend .* is not contiguous"):
-        ops.general_gemm(A, B, addend=randn((16, 8), torch.bfloat16, device).t())
+        kernels.general_gemm(A, B, addend=randn((16, 8), torch.bfloat16, device).t())
     A8, A_si = fp8_operand((16, 32), "e4m3", device, 1)
     B8, B_si = fp8_operand((16, 32), "e4m3", device, 2)
     fp8 = native.fp8_dtype("e4m3", device)
     with pytest.raises(ValueError, match="general_gemm: addend needs a high-precision out"):
-        ops.general_gemm(A8, B8, fp8, A_scale_inv=A_si, B_scale_inv=B_si,
+        kernels.general_gemm(A8, B8, fp8, A_scale_inv=A_si, B_scale_inv=B_si,
                          out_scale=torch.ones(1, device=device),
                          addend=randn((16, 16), torch.bfloat16, device))
 
@@ -355,7 +355,7 @@ def test_gemm_fp8_out(device, pair, bias):
     out_amax = torch.tensor([0.25], device=device)  # smaller than the result's: must be raised
     out_scale_inv = torch.zeros(1, device=device)
     b = randn((m,), torch.bfloat16, device, seed=4) if bias else None
-    res = ops.general_gemm(A, B, out_dtype, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si,
+    res = kernels.general_gemm(A, B, out_dtype, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si,
                            bias=b, out_scale=out_scale, out_amax=out_amax,
                            out_scale_inv=out_scale_inv)
     ref, _, absprod, _ = model(A, B, "TN", A_si=A_si, B_si=B_si, bias=b)
@@ -372,7 +372,7 @@ def test_gemm_fp8_out_keeps_larger_amax(device):
     m, n, k = 16, 16, 16
     A, A_si, B, B_si = fp8_case(device, "TN", m, n, k, ("e4m3", "e4m3"), seed=2)
     out_amax = torch.tensor([1e6], device=device)
-    ops.general_gemm(A, B, native.fp8_dtype("e4m3", device), layout="TN", A_scale_inv=A_si,
+    kernels.general_gemm(A, B, native.fp8_dtype("e4m3", device), layout="TN", A_scale_inv=A_si,
                      B_scale_inv=B_si, out_scale=torch.ones(1, device=device), out_amax=out_amax)
     assert float(out_amax) == 1e6
 
@@ -393,7 +393,7 @@ def test_gemm_fp8_non_tn(device, layout):
     A, A_si, B, B_si = fp8_case(device, layout, m, n, k, ("e4m3", "e4m3"), seed=12)
     if device == "cuda" and not _fp8_any_layout():
         with pytest.raises(NotImplementedError, match="TN layout"):
-            ops.general_gemm(A, B, layout=layout, A_scale_inv=A_si, B_scale_inv=B_si)
+            kernels.general_gemm(A, B, layout=layout, A_scale_inv=A_si, B_scale_inv=B_si)
         return
     run_case(device, layout, m, n, k, None, torch.bfloat16, "none", False, A=A, B=B, A_si=A_si,
              B_si=B_si, fast_accum=True)
@@ -407,14 +407,14 @@ def test_gemm_fp8_dims_not_multiple_of_16(device, shape):
     A, A_si = fp8_operand((m, k), "e4m3", device, 1)
     B, B_si = fp8_operand((n, k), "e4m3", device, 2)
     with pytest.raises(ValueError, match="multiples of 16"):
-        ops.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si)
+        kernels.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gemm_fp8_empty_batch(device):
     A, A_si = fp8_operand((32, 48), "e4m3", device, 1)
     B, B_si = fp8_operand((0, 48), "e4m3", device, 2)
-    out = ops.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si).out
+    out = kernels.general_gemm(A, B, layout="TN", A_scale_inv=A_si, B_scale_inv=B_si).out
     assert out.shape == (0, 32)
 
 
@@ -425,33 +425,33 @@ def test_gemm_errors_name_op_and_argument(device):
     A = randn((16, 32), torch.bfloat16, device)
     B = randn((8, 32), torch.bfloat16, device)
     with pytest.raises(ValueError, match="general_gemm: A .* and B .* must have the same dtype"):
-        ops.general_gemm(A, B.float())
+        kernels.general_gemm(A, B.float())
     with pytest.raises(ValueError, match="reduction dimension"):
-        ops.general_gemm(A, randn((8, 31), torch.bfloat16, device))
+        kernels.general_gemm(A, randn((8, 31), torch.bfloat16, device))
     with pytest.raises(ValueError, match="layout"):
-        ops.general_gemm(A, B, layout="XT")
+        kernels.general_gemm(A, B, layout="XT")
     with pytest.raises(ValueError, match="out_dtype"):
-        ops.general_gemm(A, B, torch.float16)
+        kernels.general_gemm(A, B, torch.float16)
     with pytest.raises(ValueError, match="accumulate=True needs `out`"):
-        ops.general_gemm(A, B, accumulate=True)
+        kernels.general_gemm(A, B, accumulate=True)
     with pytest.raises(ValueError, match="bias_grad=True without gelu_input .* layout 'TN'"):
-        ops.general_gemm(A, B, bias_grad=True)
+        kernels.general_gemm(A, B, bias_grad=True)
     with pytest.raises(ValueError, match="bias .* and bias_grad=True .* are exclusive"):
-        ops.general_gemm(randn((32, 16), torch.bfloat16, device), randn((32, 8), torch.bfloat16, device),
+        kernels.general_gemm(randn((32, 16), torch.bfloat16, device), randn((32, 8), torch.bfloat16, device),
                          layout="NT", bias=randn((16,), torch.bfloat16, device), bias_grad=True)
     with pytest.raises(ValueError, match="bias has shape"):
-        ops.general_gemm(A, B, bias=randn((15,), torch.bfloat16, device))
+        kernels.general_gemm(A, B, bias=randn((15,), torch.bfloat16, device))
     A8, A_si = fp8_operand((16, 32), "e4m3", device, 1)
     B8, _ = fp8_operand((16, 32), "e4m3", device, 2)
     with pytest.raises(ValueError, match="B_scale_inv is required"):
-        ops.general_gemm(A8, B8, A_scale_inv=A_si)
+        kernels.general_gemm(A8, B8, A_scale_inv=A_si)
     E5, E5_si = fp8_operand((16, 32), "e5m2", device, 3)
     with pytest.raises(NotImplementedError, match="e5m2 x float8_e5m2"):
-        ops.general_gemm(E5, E5, A_scale_inv=E5_si, B_scale_inv=E5_si)
+        kernels.general_gemm(E5, E5, A_scale_inv=E5_si, B_scale_inv=E5_si)
     with pytest.raises(ValueError, match="out_scale is required"):
-        ops.general_gemm(A8, B8, native.fp8_dtype("e4m3", device), A_scale_inv=A_si, B_scale_inv=A_si)
+        kernels.general_gemm(A8, B8, native.fp8_dtype("e4m3", device), A_scale_inv=A_si, B_scale_inv=A_si)
     with pytest.raises(ValueError, match="bias_grad=True without gelu_input .*float8"):
-        ops.general_gemm(A8, B8, layout="NT", A_scale_inv=A_si, B_scale_inv=A_si, bias_grad=True)
+        kernels.general_gemm(A8, B8, layout="NT", A_scale_inv=A_si, B_scale_inv=A_si, bias_grad=True)
 
 
 # ----- native only: C API errors through the binding, graph capture ---------------------------
@@ -491,7 +491,7 @@ def test_gemm_cuda_graph_capture(fp8):
     bias = randn((m,), torch.bfloat16, "cuda", seed=5)
 
     def call():
-        return ops.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
+        return kernels.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
                                 B_scale_inv=B_si, bias=bias, gelu=True)
     eager = call()
     stream = torch.cuda.Stream()
@@ -525,7 +525,7 @@ def test_gemm_first_call_under_capture(fp8):
         A_si = B_si = None
 
     def call():
-        return ops.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
+        return kernels.general_gemm(A, B, torch.bfloat16, layout="TN", A_scale_inv=A_si,
                                 B_scale_inv=B_si).out
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -563,14 +563,14 @@ def test_gemm_workspace_per_stream():
         assert gemm_mod.gemm_workspace(dev).data_ptr() == ws1.data_ptr()  # made once per stream
     # a small output and a long reduction: the libraries' split-K kernels use the workspace
     A, B = operands("TN", 256, 128, 16384, torch.bfloat16, "cuda", 8)
-    want = ops.general_gemm(A, B, layout="TN").out
+    want = kernels.general_gemm(A, B, layout="TN").out
     for s in (s1, s2):
         s.wait_stream(torch.cuda.current_stream())
     outs = []
     for _ in range(8):
         for s in (s1, s2):
             with torch.cuda.stream(s):
-                outs.append(ops.general_gemm(A, B, layout="TN").out)
+                outs.append(kernels.general_gemm(A, B, layout="TN").out)
     torch.cuda.synchronize()
     for got in outs:
         assert torch.equal(got, want)
@@ -616,16 +616,16 @@ def test_gemm_addend_tuned_plan():
     A, B = operands("TN", m, n, k, torch.bfloat16, "cuda", 41)
     R = randn((n, m), torch.bfloat16, "cuda", seed=43, scale=4.0)
     R0 = R.clone()
-    first = ops.general_gemm(A, B, layout="TN", addend=R).out
+    first = kernels.general_gemm(A, B, layout="TN", addend=R).out
     torch.cuda.synchronize()
     assert torch.equal(R, R0)
-    plain = ops.general_gemm(A, B, layout="TN", out_dtype=torch.float32).out
+    plain = kernels.general_gemm(A, B, layout="TN", out_dtype=torch.float32).out
     want = plain + R.float()
     t = tols(torch.bfloat16)
     torch.testing.assert_close(first.float(), want, rtol=2 * t["rtol"],
                                atol=2 * t["rtol"] * float(want.abs().max()))
     for _ in range(2):
-        assert torch.equal(ops.general_gemm(A, B, layout="TN", addend=R).out, first)
+        assert torch.equal(kernels.general_gemm(A, B, layout="TN", addend=R).out, first)
 
 
 @requires_native_gpu
@@ -641,7 +641,7 @@ def test_fast_gemm_addend(bias):
     nc = _fast.native_call(X)
     out = torch.full((n, m), float("nan"), dtype=torch.bfloat16, device="cuda")
     _fast.gemm(nc, W, True, X, False, out, bias=b, addend=R)
-    want = ops.general_gemm(W, X, layout="TN", bias=b, addend=R).out
+    want = kernels.general_gemm(W, X, layout="TN", bias=b, addend=R).out
     assert torch.equal(out, want)
     ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=b)
     assert_gemm_close(out, ref, absprod, torch.bfloat16,

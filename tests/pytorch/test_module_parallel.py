@@ -66,7 +66,7 @@ def _check_parallel(rank, world):
 def _check_amax_reduction(rank, world):
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe
-    from transformer_engine.pytorch.ops.cast import fp8_max_of
+    from transformer_engine.pytorch.kernels.cast import fp8_max_of
     group = dist.new_group(list(range(world)))
     torch.manual_seed(1)
     lin = te.Linear(32, 32, device="cpu")

@@ -9,8 +9,8 @@ reference) is checked against an independent derivation.
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.normalization import (layernorm_fwd_reference,
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.normalization import (layernorm_fwd_reference,
                                                           rmsnorm_fwd_reference)
 from utils import DEVICES, randn, tols
 
@@ -41,8 +41,8 @@ def make_inputs(shape, x_dtype, w_dtype, device, seed):
 
 def forward(rms, x, gamma, beta, zcg, **fp8):
     if rms:
-        return ops.rmsnorm_fwd(x, gamma, 1e-5, zcg, **fp8)
-    return ops.layernorm_fwd(x, gamma, beta, 1e-5, zcg, **fp8)
+        return kernels.rmsnorm_fwd(x, gamma, 1e-5, zcg, **fp8)
+    return kernels.layernorm_fwd(x, gamma, beta, 1e-5, zcg, **fp8)
 
 
 def reference(rms, x, gamma, beta, zcg):
@@ -97,7 +97,7 @@ def test_fp8_output_matches_reference_quantization(device, fp8_dtype, rms, dtype
     amax = torch.full((1,), 0.25, device=device)  # max(previous, new) semantics
     res = forward(rms, x, gamma, beta, True, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     z, _, _ = reference(rms, x, gamma, beta, True)
-    want, want_si, want_amax = ops.quantize_reference(z, scale.cpu(), fp8_dtype)
+    want, want_si, want_amax = kernels.quantize_reference(z, scale.cpu(), fp8_dtype)
     assert res.out.dtype == fp8_dtype and res.out.shape == x.shape
     assert torch.equal(res.scale_inv.cpu(), want_si)
     torch.testing.assert_close(amax.cpu(), torch.maximum(want_amax, torch.tensor([0.25])),
@@ -145,10 +145,10 @@ def test_backward_matches_autograd(device, zcg, rms, dtypes, shape):
     dz = randn(shape, dtypes[0], device, seed=5)
     res = forward(rms, x, gamma, beta, zcg)
     if rms:
-        dx, dgamma = ops.rmsnorm_bwd(dz, x, res.rsigma, gamma, zcg)
+        dx, dgamma = kernels.rmsnorm_bwd(dz, x, res.rsigma, gamma, zcg)
         dbeta = None
     else:
-        dx, dgamma, dbeta = ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, zcg)
+        dx, dgamma, dbeta = kernels.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, zcg)
     want_dx, want_dg, want_db = autograd_oracle(rms, x, gamma, beta, dz, zcg)
     assert dx.dtype == x.dtype and dgamma.dtype == gamma.dtype
     # dx is a difference of terms of size |dz * g|; fp32 row sums set the error floor there.
@@ -177,11 +177,11 @@ def test_backward_adds_residual_gradient(device, rms, dtypes, shape):
     dres = randn(shape, dtypes[0], device, seed=7, scale=3.0)
     res = forward(rms, x, gamma, beta, False)
     if rms:
-        plain = ops.rmsnorm_bwd(dz, x, res.rsigma, gamma)
-        fused = ops.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=dres)
+        plain = kernels.rmsnorm_bwd(dz, x, res.rsigma, gamma)
+        fused = kernels.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=dres)
     else:
-        plain = ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma)
-        fused = ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=dres)
+        plain = kernels.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma)
+        fused = kernels.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=dres)
     for got, want in zip(fused[1:], plain[1:]):
         assert torch.equal(got, want)
     want_dx = autograd_oracle(rms, x, gamma, beta, dz, False)[0] + dres.cpu().double()
@@ -191,9 +191,9 @@ def test_backward_adds_residual_gradient(device, rms, dtypes, shape):
                                rtol=t["rtol"], atol=t["atol"] + 2e-6 * scale)
     with pytest.raises(ValueError, match="dresidual has shape"):
         if rms:
-            ops.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
+            kernels.rmsnorm_bwd(dz, x, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
         else:
-            ops.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
+            kernels.layernorm_bwd(dz, x, res.mu, res.rsigma, gamma, dresidual=torch.cat([dres, dres]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -202,7 +202,7 @@ def test_autograd_functions(device, rms):
     x, gamma, beta = make_inputs((6, 7, 96), torch.bfloat16, torch.float32, device, seed=9)
     dz = randn(x.shape, torch.bfloat16, device, seed=10)
     xr, gr, br = (t.detach().clone().requires_grad_() for t in (x, gamma, beta))
-    out = ops.rmsnorm(xr, gr, 1e-5) if rms else ops.layernorm(xr, gr, br, 1e-5)
+    out = kernels.rmsnorm(xr, gr, 1e-5) if rms else kernels.layernorm(xr, gr, br, 1e-5)
     out.backward(dz)
     want_dx, want_dg, want_db = autograd_oracle(rms, x, gamma, beta, dz, False)
     close(xr.grad, want_dx.to(x.dtype), x.dtype, "dx")
@@ -217,13 +217,13 @@ def test_bad_arguments_name_op_and_argument(device):
     x = randn((4, 16), torch.bfloat16, device)
     gamma = torch.ones(16, dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match="layernorm_fwd: gamma has shape"):
-        ops.layernorm_fwd(x, gamma[:8], gamma)
+        kernels.layernorm_fwd(x, gamma[:8], gamma)
     with pytest.raises(ValueError, match="rmsnorm_fwd: gamma has dtype float16"):
-        ops.rmsnorm_fwd(x, gamma.half())
+        kernels.rmsnorm_fwd(x, gamma.half())
     with pytest.raises(ValueError, match="layernorm_fwd: beta has dtype"):
-        ops.layernorm_fwd(x, gamma, gamma.float())
+        kernels.layernorm_fwd(x, gamma, gamma.float())
     with pytest.raises(ValueError, match="layernorm_bwd: rsigma has shape"):
-        ops.layernorm_bwd(x, x, torch.zeros(4, device=device), torch.zeros(3, device=device), gamma)
+        kernels.layernorm_bwd(x, x, torch.zeros(4, device=device), torch.zeros(3, device=device), gamma)
     with pytest.raises(ValueError, match="layernorm_fwd: scale"):
-        ops.layernorm_fwd(x, gamma, gamma, fp8_dtype=torch.float8_e4m3fn,
+        kernels.layernorm_fwd(x, gamma, gamma, fp8_dtype=torch.float8_e4m3fn,
                           scale=torch.ones(2, device=device))

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.cast import fp8_max_of
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.cast import fp8_max_of
 from utils import DEVICES, randn, requires_native_gpu, stable_seed
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -34,8 +34,8 @@ def test_quantize_bit_exact(device, fp8_dtype, dtype, shape):
     x = randn(shape, dtype, device, seed=stable_seed(shape, dtype, modulo=1000), scale=3.0)
     scale = scale_for(x, fp8_dtype)
     amax = torch.zeros(1, device=device)
-    data, scale_inv = ops.quantize(x, scale, fp8_dtype, amax=amax)
-    ref, ref_si, ref_amax = ops.quantize_reference(x.cpu(), scale.cpu(), fp8_dtype)
+    data, scale_inv = kernels.quantize(x, scale, fp8_dtype, amax=amax)
+    ref, ref_si, ref_amax = kernels.quantize_reference(x.cpu(), scale.cpu(), fp8_dtype)
     assert data.dtype == fp8_dtype and data.shape == x.shape
     assert torch.equal(bits(data).cpu(), bits(ref))
     assert torch.equal(scale_inv.cpu(), ref_si)
@@ -50,8 +50,8 @@ def test_cast_transpose_bit_exact(device, fp8_dtype, dtype, shape):
     x = randn(shape, dtype, device, seed=7, scale=2.0)
     scale = scale_for(x, fp8_dtype)
     amax = torch.zeros(1, device=device)
-    data, data_t, scale_inv = ops.cast_transpose(x, scale, fp8_dtype, amax=amax)
-    ref, ref_si, ref_amax = ops.quantize_reference(x.cpu(), scale.cpu(), fp8_dtype)
+    data, data_t, scale_inv = kernels.cast_transpose(x, scale, fp8_dtype, amax=amax)
+    ref, ref_si, ref_amax = kernels.quantize_reference(x.cpu(), scale.cpu(), fp8_dtype)
     cols = shape[-1]
     assert torch.equal(bits(data).cpu(), bits(ref))
     assert tuple(data_t.shape) == (cols, math.prod(shape[:-1]))
@@ -66,7 +66,7 @@ def test_saturation_and_special_values(device, fp8_dtype):
     limit = fp8_max_of(fp8_dtype)
     vals = [0.0, -0.0, 1e-9, 1.06 * limit, -1.06 * limit, 1e30, float("inf"), -float("inf"), limit, 2.0]
     x = torch.tensor(vals * 5, device=device).reshape(1, 50)  # 48 vectorised + a scalar tail
-    data, _ = ops.quantize(x, torch.ones(1, device=device), fp8_dtype)
+    data, _ = kernels.quantize(x, torch.ones(1, device=device), fp8_dtype)
     f = data.float().cpu()[0, :10]
     assert f[3] == limit and f[4] == -limit and f[5] == limit  # beyond max saturates
     assert f[6] == limit and f[7] == -limit  # inf saturates, never NaN
@@ -78,13 +78,13 @@ def test_saturation_and_special_values(device, fp8_dtype):
 def test_amax_propagates_nan_and_accumulates(device):
     x = randn((64, 32), torch.float32, device, seed=3)
     amax = torch.full((1,), 1e6, device=device)
-    ops.compute_amax(x, amax)
+    kernels.compute_amax(x, amax)
     assert amax.item() == 1e6  # max(previous, current)
     amax.zero_()
-    ops.compute_amax(x, amax)
+    kernels.compute_amax(x, amax)
     assert amax.item() == x.abs().max().item()
     x[5, 7] = float("nan")
-    ops.compute_amax(x, amax)
+    kernels.compute_amax(x, amax)
     assert math.isnan(amax.item())
 
 
@@ -94,9 +94,9 @@ def test_amax_propagates_nan_and_accumulates(device):
 def test_dequantize_inverts_quantize(device, fp8_dtype, out_dtype):
     x = randn((37, 48), torch.float32, device, seed=11)
     scale = scale_for(x, fp8_dtype)
-    data, scale_inv = ops.quantize(x, scale, fp8_dtype)
-    back = ops.dequantize(data, scale_inv, out_dtype)
-    ref = ops.dequantize_reference(data.cpu(), scale_inv.cpu(), out_dtype)
+    data, scale_inv = kernels.quantize(x, scale, fp8_dtype)
+    back = kernels.dequantize(data, scale_inv, out_dtype)
+    ref = kernels.dequantize_reference(data.cpu(), scale_inv.cpu(), out_dtype)
     assert back.dtype == out_dtype
     assert torch.equal(back.cpu(), ref)
     # one FP8 ulp relative: 2^-3 (E4M3) or 2^-2 (E5M2)
@@ -110,7 +110,7 @@ def test_dequantize_inverts_quantize(device, fp8_dtype, out_dtype):
 def test_transpose(device, dtype, shape):
     x = randn(shape, torch.float32, device, seed=5, scale=50.0)
     x = x.to(dtype) if dtype != torch.uint8 else (x.abs() % 255).to(torch.uint8)
-    out = ops.transpose(x)
+    out = kernels.transpose(x)
     ref = x.cpu().reshape(-1, shape[-1]).t()
     assert torch.equal(out.cpu().view(torch.uint8) if dtype.itemsize == 1 else out.cpu(),
                        ref.view(torch.uint8) if dtype.itemsize == 1 else ref)
@@ -153,7 +153,7 @@ def test_delayed_scaling_update(device, algo, margin, history_len):
         scale = torch.rand(n, generator=torch.Generator().manual_seed(g)) + 0.5
         expected.append(python_model_update(hist.tolist(), scale.tolist(), fp8_max, algo, margin))
         groups.append((hist.to(device), scale.to(device), torch.empty(n, device=device), fp8_max))
-    ops.delayed_scaling_update(groups, algo=algo, margin=margin)
+    kernels.delayed_scaling_update(groups, algo=algo, margin=margin)
     for (hist, scale, scale_inv, _), (want_hist, want_scale) in zip(groups, expected):
         assert torch.equal(hist.cpu(), torch.tensor(want_hist, dtype=torch.float32))
         assert torch.equal(scale.cpu(), torch.tensor(want_scale, dtype=torch.float32))
@@ -163,7 +163,7 @@ def test_delayed_scaling_update(device, algo, margin, history_len):
 def test_delayed_scaling_callable_algo():
     hist = torch.tensor([[1.0, 2.0], [3.0, 0.5]])
     scale, scale_inv = torch.ones(2), torch.empty(2)
-    ops.delayed_scaling_update([(hist, scale, scale_inv, 448.0)], algo=lambda h: h.mean(dim=0))
+    kernels.delayed_scaling_update([(hist, scale, scale_inv, 448.0)], algo=lambda h: h.mean(dim=0))
     assert torch.allclose(scale, torch.tensor([448.0 / 2.0, 448.0 / 1.25]))
 
 
@@ -174,20 +174,20 @@ def test_bad_input_raises_clear_errors(device):
     x = randn((16, 32), torch.bfloat16, device)
     one = torch.ones(1, device=device)
     with pytest.raises(ValueError, match="quantize: x .* not contiguous"):
-        ops.quantize(x.t(), one, torch.float8_e4m3fn)
+        kernels.quantize(x.t(), one, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="quantize: x has dtype int32"):
-        ops.quantize(x.to(torch.int32), one, torch.float8_e4m3fn)
+        kernels.quantize(x.to(torch.int32), one, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="quantize: fp8_dtype"):
-        ops.quantize(x, one, torch.bfloat16)
+        kernels.quantize(x, one, torch.bfloat16)
     with pytest.raises(ValueError, match="quantize: scale must hold one float32"):
-        ops.quantize(x, torch.ones(2, device=device), torch.float8_e4m3fn)
+        kernels.quantize(x, torch.ones(2, device=device), torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="quantize: out has shape"):
-        ops.quantize(x, one, torch.float8_e4m3fn, out=torch.empty(3, 3, dtype=torch.float8_e4m3fn, device=device))
+        kernels.quantize(x, one, torch.float8_e4m3fn, out=torch.empty(3, 3, dtype=torch.float8_e4m3fn, device=device))
     with pytest.raises(ValueError, match="delayed_scaling_update: groups\\[0\\].scale"):
-        ops.delayed_scaling_update([(torch.zeros(4, 3, device=device), torch.ones(2, device=device),
+        kernels.delayed_scaling_update([(torch.zeros(4, 3, device=device), torch.ones(2, device=device),
                                      torch.ones(3, device=device), 448.0)])
     with pytest.raises(ValueError, match="algo"):
-        ops.delayed_scaling_update([], algo="mean")
+        kernels.delayed_scaling_update([], algo="mean")
 
 
 @requires_native_gpu
@@ -196,7 +196,7 @@ def test_fnuz_dtype_rejected_on_ocp_device():
     from transformer_engine.pytorch import capability
     wrong = torch.float8_e4m3fnuz if capability().fp8_flavor == "ocp" else torch.float8_e4m3fn
     with pytest.raises(ValueError, match="does not match"):
-        ops.quantize(x, torch.ones(1, device="cuda"), wrong)
+        kernels.quantize(x, torch.ones(1, device="cuda"), wrong)
 
 
 @requires_native_gpu
@@ -215,14 +215,14 @@ def test_runs_on_side_stream_and_in_graph():
     x = randn((256, 512), torch.bfloat16, "cuda", seed=2)
     scale = torch.tensor([4.0], device="cuda")
     amax = torch.zeros(1, device="cuda")
-    ref, _, _ = ops.quantize_reference(x.cpu(), scale.cpu(), torch.float8_e4m3fn)
+    ref, _, _ = kernels.quantize_reference(x.cpu(), scale.cpu(), torch.float8_e4m3fn)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        ops.cast_transpose(x, scale, torch.float8_e4m3fn, amax=amax)  # warm-up on a side stream
+        kernels.cast_transpose(x, scale, torch.float8_e4m3fn, amax=amax)  # warm-up on a side stream
         with torch.cuda.graph(g):
-            data, data_t, _ = ops.cast_transpose(x, scale, torch.float8_e4m3fn, amax=amax)
+            data, data_t, _ = kernels.cast_transpose(x, scale, torch.float8_e4m3fn, amax=amax)
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops import rope as rope_mod
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels import rope as rope_mod
 from utils import DEVICES, randn, stable_seed, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
@@ -93,7 +93,7 @@ def test_forward_and_backward(device, dtype, fmt, interleaved, heads, kind):
     rows = s * b if fmt == "thd" else s + 5  # cover the longest packed sequence
     freqs = _freqs(rows, rot, interleaved, seed=11, kind=kind).to(device)
     cu = _cu_seqlens(s * b, device) if fmt == "thd" else None
-    y = ops.rope_forward(x, freqs, fmt, interleaved, cu)
+    y = kernels.rope_forward(x, freqs, fmt, interleaved, cu)
     xc = x.cpu().requires_grad_(True)
     cuc = cu.cpu() if cu is not None else None
     want = rope_mod.rope_reference(xc, freqs.cpu(), fmt, interleaved, cuc)
@@ -101,7 +101,7 @@ def test_forward_and_backward(device, dtype, fmt, interleaved, heads, kind):
     torch.testing.assert_close(y.cpu(), want.detach(), **tols(dtype))
     # Backward: the op against torch autograd of the reference.
     g = randn(x.shape, dtype, device, seed=5)
-    dx = ops.rope_backward(g, freqs, fmt, interleaved, cu)
+    dx = kernels.rope_backward(g, freqs, fmt, interleaved, cu)
     want.backward(g.cpu())
     torch.testing.assert_close(dx.cpu(), xc.grad, **tols(dtype))
 
@@ -113,7 +113,7 @@ def test_long_sequence_large_angles(device, fmt):
     s, b, h, d = 4096, 2, 2, 64
     x = randn(_shape(fmt, s, b, h, d), torch.float32, device, seed=8)
     freqs = _freqs(s, d, False, 0, "standard").to(device)
-    y = ops.rope_forward(x, freqs, fmt)
+    y = kernels.rope_forward(x, freqs, fmt)
     want = rope_mod.rope_reference(x.cpu(), freqs.cpu(), fmt)
     torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
 
@@ -125,7 +125,7 @@ def test_apply_rotary_pos_emb_autograd_and_views(device, interleaved):
     qkv = randn((s, b, 3 * h, d), torch.bfloat16, device, seed=2)
     q = qkv[:, :, :h].detach().requires_grad_(True)  # a strided view, as after a qkv split
     freqs = _freqs(s, 32, interleaved, 0, "standard").to(device)
-    y = ops.apply_rotary_pos_emb(q, freqs, "sbhd", interleaved)
+    y = kernels.apply_rotary_pos_emb(q, freqs, "sbhd", interleaved)
     g = randn(y.shape, torch.bfloat16, device, seed=3)
     y.backward(g)
     qr = q.detach().cpu().requires_grad_(True)
@@ -139,9 +139,9 @@ def test_apply_rotary_pos_emb_autograd_and_views(device, interleaved):
 def test_empty_and_single(device):
     freqs = _freqs(4, 8, False, 0, "standard").to(device)
     x = randn((0, 2, 3, 8), torch.bfloat16, device, seed=1)
-    assert ops.rope_forward(x, freqs).shape == x.shape
+    assert kernels.rope_forward(x, freqs).shape == x.shape
     x1 = randn((1, 1, 1, 8), torch.bfloat16, device, seed=1)
-    torch.testing.assert_close(ops.rope_forward(x1, freqs).cpu(),
+    torch.testing.assert_close(kernels.rope_forward(x1, freqs).cpu(),
                                rope_mod.rope_reference(x1.cpu(), freqs.cpu()), **tols(torch.bfloat16))
 
 
@@ -152,7 +152,7 @@ def test_thd_positions_past_freqs_are_nan(device):
     x = randn((10, 2, 8), torch.float32, device, seed=1)
     cu = torch.tensor([0, 3, 10], dtype=torch.int32, device=device)
     freqs = _freqs(5, 4, False, 0, "random").to(device)
-    y = ops.rope_forward(x, freqs, "thd", cu_seqlens=cu).cpu()
+    y = kernels.rope_forward(x, freqs, "thd", cu_seqlens=cu).cpu()
     nan_rows = torch.isnan(y[:, :, :4]).all(-1).all(-1)
     assert nan_rows.tolist() == [False] * 3 + [False] * 5 + [True] * 2
     torch.testing.assert_close(y[:, :, 4:], x[:, :, 4:].cpu())
@@ -165,12 +165,12 @@ def test_errors_name_op_and_argument(device):
     x = randn((4, 2, 3, 8), torch.bfloat16, device, seed=1)
     freqs = _freqs(4, 8, False, 0, "standard").to(device)
     with pytest.raises(ValueError, match="rope_forward.*rotary dim"):
-        ops.rope_forward(x, _freqs(4, 10, False, 0, "standard").to(device))
+        kernels.rope_forward(x, _freqs(4, 10, False, 0, "standard").to(device))
     with pytest.raises(ValueError, match="freqs has 2 positions"):
-        ops.rope_forward(x, freqs[:2])
+        kernels.rope_forward(x, freqs[:2])
     with pytest.raises(ValueError, match="cu_seqlens is required"):
-        ops.rope_forward(x[:, 0], freqs, "thd")
+        kernels.rope_forward(x[:, 0], freqs, "thd")
     with pytest.raises(ValueError, match="tensor_format"):
-        ops.rope_forward(x, freqs, "hbsd")
+        kernels.rope_forward(x, freqs, "hbsd")
     with pytest.raises(ValueError, match="freqs has dtype"):
-        ops.rope_forward(x, freqs.double())
+        kernels.rope_forward(x, freqs.double())

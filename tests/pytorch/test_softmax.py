@@ -7,8 +7,8 @@ with torch autograd of the reference in float64 (an independent derivation of th
 import pytest
 import torch
 
-from transformer_engine.pytorch import ops
-from transformer_engine.pytorch.ops.softmax import causal_mask
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.softmax import causal_mask
 from utils import DEVICES, randn, seeded, tols
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -53,14 +53,14 @@ def close(got, want, dtype, what):
 @pytest.mark.parametrize("shape", SHAPES, ids=sid)
 def test_scaled_softmax(device, dtype, shape):
     x = randn(shape, dtype, device, seed=sum(shape), scale=4.0)
-    y = ops.scaled_softmax_forward(x, SCALE)
+    y = kernels.scaled_softmax_forward(x, SCALE)
     assert y.dtype == dtype and y.shape == x.shape
-    close(y, ops.softmax.scaled_softmax_forward_reference(x.cpu(), SCALE), dtype, "y")
+    close(y, kernels.softmax.scaled_softmax_forward_reference(x.cpu(), SCALE), dtype, "y")
     dy = randn(shape, dtype, device, seed=1)
-    dx = ops.scaled_softmax_backward(dy, y, SCALE)
+    dx = kernels.scaled_softmax_backward(dy, y, SCALE)
     # The backward takes the rounded y, so compare with the closed form on that y at the dtype's
     # tolerance, and with autograd (float64, unrounded y) at a tolerance that includes y's rounding.
-    close(dx, ops.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
+    close(dx, kernels.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
     if x.numel():
         want = oracle_grad(x, dy, SCALE, None)
         err = (dx.cpu().double() - want).abs().max().item()
@@ -80,15 +80,15 @@ def test_scaled_masked_softmax(device, dtype, broadcast, shape):
     if sq > 1:
         mask[..., 1, :] = True  # a fully masked row: zeros, not NaN
     mask = mask.to(device)
-    y = ops.scaled_masked_softmax_forward(x, mask, SCALE)
-    want = ops.softmax.scaled_masked_softmax_forward_reference(x.cpu(), mask.cpu(), SCALE)
+    y = kernels.scaled_masked_softmax_forward(x, mask, SCALE)
+    want = kernels.softmax.scaled_masked_softmax_forward_reference(x.cpu(), mask.cpu(), SCALE)
     close(y, want, dtype, "y")
     full_mask = mask.cpu().expand(shape)
     assert not torch.isnan(y).any()
     assert (y.cpu()[full_mask] == 0).all(), "masked elements must be exact zeros"
     dy = randn(shape, dtype, device, seed=2)
-    dx = ops.scaled_masked_softmax_backward(dy, y, SCALE)
-    close(dx, ops.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
+    dx = kernels.scaled_masked_softmax_backward(dy, y, SCALE)
+    close(dx, kernels.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
     assert (dx.cpu()[full_mask] == 0).all()
 
 
@@ -97,14 +97,14 @@ def test_scaled_masked_softmax(device, dtype, broadcast, shape):
 @pytest.mark.parametrize("shape", CAUSAL_SHAPES, ids=sid)
 def test_scaled_upper_triang_masked_softmax(device, dtype, shape):
     x = randn(shape, dtype, device, seed=sum(shape) + 5, scale=4.0)
-    y = ops.scaled_upper_triang_masked_softmax_forward(x, SCALE)
-    want = ops.softmax.scaled_upper_triang_masked_softmax_forward_reference(x.cpu(), SCALE)
+    y = kernels.scaled_upper_triang_masked_softmax_forward(x, SCALE)
+    want = kernels.softmax.scaled_upper_triang_masked_softmax_forward_reference(x.cpu(), SCALE)
     close(y, want, dtype, "y")
     upper = causal_mask(shape[-2], shape[-1]).expand(shape)
     assert (y.cpu()[upper] == 0).all()
     dy = randn(shape, dtype, device, seed=4)
-    dx = ops.scaled_upper_triang_masked_softmax_backward(dy, y, SCALE)
-    close(dx, ops.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
+    dx = kernels.scaled_upper_triang_masked_softmax_backward(dy, y, SCALE)
+    close(dx, kernels.softmax.scaled_softmax_backward_reference(dy.cpu(), y.cpu(), SCALE), dtype, "dx")
     assert (dx.cpu()[upper] == 0).all(), "gradient above the diagonal must be exact zeros"
 
 
@@ -121,12 +121,12 @@ CAUSAL_MANY_ROW_SHAPES = [(3, 1200, 1200), (2, 2048, 2048)]
 def test_forward_many_rows(device, dtype, shape):
     x = randn(shape, dtype, device, seed=len(shape) + shape[-1], scale=4.0)
     if len(shape) == 3:
-        y = ops.scaled_upper_triang_masked_softmax_forward(x, SCALE)
-        want = ops.softmax.scaled_upper_triang_masked_softmax_forward_reference(x.cpu(), SCALE)
+        y = kernels.scaled_upper_triang_masked_softmax_forward(x, SCALE)
+        want = kernels.softmax.scaled_upper_triang_masked_softmax_forward_reference(x.cpu(), SCALE)
         assert (y.cpu()[causal_mask(shape[-2], shape[-1]).expand(shape)] == 0).all()
     else:
-        y = ops.scaled_softmax_forward(x, SCALE)
-        want = ops.softmax.scaled_softmax_forward_reference(x.cpu(), SCALE)
+        y = kernels.scaled_softmax_forward(x, SCALE)
+        want = kernels.softmax.scaled_softmax_forward_reference(x.cpu(), SCALE)
     close(y, want, dtype, "y")
 
 
@@ -141,12 +141,12 @@ def test_autograd_matches_float64_autograd(device, kind):
     xr = x.detach().clone().requires_grad_()
     if kind == "masked":
         mask = random_mask((2, 1, 24, 24), seed=3).to(device)
-        y = ops.scaled_masked_softmax(xr, mask, SCALE)
+        y = kernels.scaled_masked_softmax(xr, mask, SCALE)
     elif kind == "causal":
         mask = causal_mask(24, 24, device).expand(shape)
-        y = ops.scaled_upper_triang_masked_softmax(xr, SCALE)
+        y = kernels.scaled_upper_triang_masked_softmax(xr, SCALE)
     else:
-        y = ops.scaled_softmax(xr, SCALE)
+        y = kernels.scaled_softmax(xr, SCALE)
     y.backward(dy)
     want = oracle_grad(x, dy, SCALE, mask)
     err = (xr.grad.cpu().double() - want).abs().max().item()
@@ -157,10 +157,10 @@ def test_autograd_matches_float64_autograd(device, kind):
 def test_bad_arguments_name_op_and_argument(device):
     x = randn((2, 2, 4, 8), torch.bfloat16, device)
     with pytest.raises(ValueError, match="scaled_masked_softmax_forward: mask has shape"):
-        ops.scaled_masked_softmax_forward(x, torch.zeros(2, 2, 4, 4, dtype=torch.bool, device=device))
+        kernels.scaled_masked_softmax_forward(x, torch.zeros(2, 2, 4, 4, dtype=torch.bool, device=device))
     with pytest.raises(ValueError, match="scaled_masked_softmax_forward: mask has dtype"):
-        ops.scaled_masked_softmax_forward(x, torch.zeros(2, 2, 4, 8, device=device))
+        kernels.scaled_masked_softmax_forward(x, torch.zeros(2, 2, 4, 8, device=device))
     with pytest.raises(ValueError, match="scaled_upper_triang_masked_softmax_forward: x has shape"):
-        ops.scaled_upper_triang_masked_softmax_forward(x)
+        kernels.scaled_upper_triang_masked_softmax_forward(x)
     with pytest.raises(ValueError, match="scaled_softmax_backward: dy has shape"):
-        ops.scaled_softmax_backward(x[:1], x)
+        kernels.scaled_softmax_backward(x[:1], x)

@@ -5,7 +5,7 @@ modules in transformer_engine.jax.flax."""
 import jax  # noqa: F401
 
 from ..common import recipe  # noqa: F401
-from . import ops  # noqa: F401
+from . import kernels  # noqa: F401
 from .fp8 import (FP8_COLLECTION, autocast, fp8_autocast, get_fp8_recipe,  # noqa: F401
                   is_fp8_enabled, update_fp8_metas)
 from .sharding import MeshResource  # noqa: F401

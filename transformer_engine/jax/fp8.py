@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from ..common import fp8_formats, recipe as recipe_mod
 from ..common.capabilities import native_device_capability
-from .ops.cast import fp8_dtype as _fp8_dtype
+from .kernels.cast import fp8_dtype as _fp8_dtype
 from .sharding import MeshResource
 
 FP8_COLLECTION = "fp8_metas"

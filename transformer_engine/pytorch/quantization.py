@@ -7,7 +7,7 @@ Life of one training step with DelayedScaling:
     of its amax history (the kernels do that on the device, no host sync);
   * leaving the outermost `autocast` reduces the forward amaxes of all registered modules over
     the group (one all-reduce for all of them) and updates every forward scale in one batched
-    launch (`ops.delayed_scaling_update`);
+    launch (`kernels.delayed_scaling_update`);
   * the backward passes run with the forward's recipe (saved in the autograd context, so they
     may run outside the context); when the last backward of the step finished, the backward
     amaxes are reduced and the backward scales updated the same way.
@@ -461,10 +461,10 @@ def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tens
     with the same bits: on the native core the amax kernel, then the delayed-scaling update
     kernel with a one-row history (which divides, and clears the row); elsewhere (and for
     power-of-2 scales) torch ops."""
-    from . import ops
-    ops.compute_amax(x, amax)
+    from . import kernels
+    kernels.compute_amax(x, amax)
     if not power_2 and native.use_native(x):
-        ops.delayed_scaling_update([(amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)],
+        kernels.delayed_scaling_update([(amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)],
                                    "most_recent", 0.0)
         return
     scale.copy_(scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2))
@@ -578,7 +578,7 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
             groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
         groups = [g for g in groups if g[0].shape[1] > 0]
         if groups:
-            from .ops import delayed_scaling_update
+            from .kernels import delayed_scaling_update
             delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))
 
 

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from ..attention import fused_attn
-from ..ops.rope import rope_forward
+from ..kernels.rope import rope_forward
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 
 

@@ -1,6 +1,6 @@
 """Activations (plain and gated, optionally FP8 out), their backward and the fused dbias + dact:
 XLA FFI custom calls on the GPU, the jnp references elsewhere; `activation` is the
-differentiable form (jax.custom_vjp). Names as in transformer_engine.jax.ops.activation:
+differentiable form (jax.custom_vjp). Names as in transformer_engine.jax.kernels.activation:
 gelu, relu, qgelu, srelu, silu and the gated geglu, reglu, qgeglu, sreglu, swiglu."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import ops
-from ..ops.activation import ACTIVATIONS, GATED
+from .. import kernels
+from ..kernels.activation import ACTIVATIONS, GATED
 from .registry import ffi, i64, native, query_descriptor, scalar1, sds, use_custom_call
 
 _F32 = jnp.float32
@@ -18,7 +18,7 @@ _F32 = jnp.float32
 
 def _enum(op, name):
     """(NVTEActivation value, gated) of a name."""
-    ops.activation._check(op, name)
+    kernels.activation._check(op, name)
     base = GATED.get(name, name)
     return ACTIVATIONS.index(base), name in GATED
 
@@ -38,9 +38,9 @@ def _meta_operands(scale):
 def activation_forward(x, name, fp8_dtype=None, scale=None):
     """y in x.dtype, or (y_fp8, scale_inv, amax) when fp8_dtype is given."""
     if not use_custom_call("activation"):
-        return ops.activation_forward(x, name, fp8_dtype, scale)
+        return kernels.activation_forward(x, name, fp8_dtype, scale)
     act, gated = _enum("activation", name)
-    ops.cast._check_hp("activation", x)
+    kernels.cast._check_hp("activation", x)
     shape = _out_shape(x, gated, "activation")
     call = ffi("te_activation_ffi", (sds(shape, fp8_dtype or x.dtype), sds((1,), _F32),
                                      sds((1,), _F32)), aliases={2: 2})
@@ -51,7 +51,7 @@ def activation_forward(x, name, fp8_dtype=None, scale=None):
 def activation_backward(grad, x, name, fp8_dtype=None, scale=None):
     """dx in x.dtype, or (dx_fp8, scale_inv, amax)."""
     if not use_custom_call("activation"):
-        return ops.activation_backward(grad, x, name, fp8_dtype, scale)
+        return kernels.activation_backward(grad, x, name, fp8_dtype, scale)
     act, gated = _enum("activation_backward", name)
     expected = _out_shape(x, gated, "activation_backward")
     if grad.shape != expected:
@@ -66,7 +66,7 @@ def activation_backward(grad, x, name, fp8_dtype=None, scale=None):
 def dbias_dactivation(grad, x, name, dbias_dtype=None, fp8_dtype=None, scale=None):
     """(dx, dbias) or (dx_fp8, dbias, scale_inv, amax); plain activations only."""
     if not use_custom_call("activation"):
-        return ops.dbias_dactivation(grad, x, name, dbias_dtype, fp8_dtype, scale)
+        return kernels.dbias_dactivation(grad, x, name, dbias_dtype, fp8_dtype, scale)
     act, gated = _enum("dbias_dactivation", name)
     if gated:
         raise ValueError(f"dbias_dactivation: activation is {name!r}; expected a plain one "

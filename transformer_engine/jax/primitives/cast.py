@@ -1,10 +1,10 @@
 """FP8 cast, cast + transpose and the delayed-scaling update: XLA FFI custom calls on the GPU,
-the jnp references (transformer_engine.jax.ops) elsewhere. Same signatures and results."""
+the jnp references (transformer_engine.jax.kernels) elsewhere. Same signatures and results."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .. import ops
+from .. import kernels
 from ...common import fp8_formats
 from .registry import f32, ffi, i64, scalar1, sds, use_custom_call
 
@@ -22,8 +22,8 @@ def _check_fp8(op, dtype):
 def quantize(x, scale, fp8_dtype):
     """(data, scale_inv [1], amax [1]) of saturate(x * scale) in fp8_dtype."""
     if not use_custom_call("quantize"):
-        return ops.quantize(x, scale, fp8_dtype)
-    ops.cast._check_hp("quantize", x)
+        return kernels.quantize(x, scale, fp8_dtype)
+    kernels.cast._check_hp("quantize", x)
     _check_fp8("quantize", fp8_dtype)
     call = ffi("te_quantize_ffi", (sds(x.shape, fp8_dtype), sds((1,), _F32), sds((1,), _F32)),
                aliases={2: 2})
@@ -33,8 +33,8 @@ def quantize(x, scale, fp8_dtype):
 def cast_transpose(x, scale, fp8_dtype):
     """(data, data_t, scale_inv, amax): quantize plus the transposed copy of x viewed as 2-D."""
     if not use_custom_call("cast_transpose"):
-        return ops.cast_transpose(x, scale, fp8_dtype)
-    ops.cast._check_hp("cast_transpose", x)
+        return kernels.cast_transpose(x, scale, fp8_dtype)
+    kernels.cast._check_hp("cast_transpose", x)
     _check_fp8("cast_transpose", fp8_dtype)
     cols = x.shape[-1] if x.ndim else 1
     rows = x.size // cols if cols else 0
@@ -50,7 +50,7 @@ _ALGOS = {"max": 0, "most_recent": 1}
 def delayed_scaling_update(history, scale, fp8_max, algo="max", margin=0.0):
     """(new_history, new_scale, new_scale_inv) for history [L, n] and scale [n] (float32)."""
     if callable(algo) or not use_custom_call("delayed_scaling"):
-        return ops.delayed_scaling_update(history, scale, fp8_max, algo, margin)
+        return kernels.delayed_scaling_update(history, scale, fp8_max, algo, margin)
     if algo not in _ALGOS:
         raise ValueError(f"delayed_scaling_update: algo is {algo!r}; expected 'max', "
                          f"'most_recent' or a callable")

@@ -1,5 +1,5 @@
 """General GEMM with FP8 scale_inv and the bias / GELU epilogues: an XLA FFI custom call over
-nvte_gemm on the GPU, the jnp reference (transformer_engine.jax.ops.general_gemm, same
+nvte_gemm on the GPU, the jnp reference (transformer_engine.jax.kernels.general_gemm, same
 signature and semantics) elsewhere.
 
 The custom call serves the epilogue combinations nvte_gemm has (none, bias, gelu, bias+gelu,
@@ -13,8 +13,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import ops
-from ..ops.gemm import GemmOutput, _is_fp8
+from .. import kernels
+from ..kernels.gemm import GemmOutput, _is_fp8
 from .registry import empty, f32, ffi, i64, native, scalar1, sds, use_custom_call
 
 _F32 = jnp.float32
@@ -38,17 +38,17 @@ def _native_epilogue(bias, gelu, gelu_input, bias_grad, accumulate_into, fp8_in,
 def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale_inv=None,
                  bias=None, gelu=False, gelu_input=None, bias_grad=False, accumulate_into=None,
                  alpha=1.0, out_scale=None) -> GemmOutput:
-    """out = op_b(B) @ op_a(A) (+ epilogue), see transformer_engine.jax.ops.gemm."""
+    """out = op_b(B) @ op_a(A) (+ epilogue), see transformer_engine.jax.kernels.gemm."""
     kwargs = dict(layout=layout, A_scale_inv=A_scale_inv, B_scale_inv=B_scale_inv, bias=bias,
                   gelu=gelu, gelu_input=gelu_input, bias_grad=bias_grad,
                   accumulate_into=accumulate_into, alpha=alpha, out_scale=out_scale)
     fp8_in = _is_fp8(A.dtype)
     epilogue = _native_epilogue(bias, gelu, gelu_input, bias_grad, accumulate_into, fp8_in, layout)
     if epilogue is None or not use_custom_call("gemm"):
-        return ops.general_gemm(A, B, out_dtype, **kwargs)
+        return kernels.general_gemm(A, B, out_dtype, **kwargs)
     # The reference validates everything (layout, dtypes, FP8 sizes) and yields the output
     # shapes without computing anything when traced abstractly; its checks raise here too.
-    ref = jax.eval_shape(lambda a, b: ops.general_gemm(a, b, out_dtype, **kwargs), A, B)
+    ref = jax.eval_shape(lambda a, b: kernels.general_gemm(a, b, out_dtype, **kwargs), A, B)
     out_dtype = ref.out.dtype
     transa, transb = layout[0] == "T", layout[1] == "T"
     fp8_out = _is_fp8(out_dtype)

@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import ops
+from .. import kernels
 from .registry import empty, f32, ffi, i64, native, query_descriptor, scalar1, sds, use_custom_call
 
 _F32 = jnp.float32
@@ -53,14 +53,14 @@ def norm_fwd(x, gamma, beta, eps=1e-5, zero_centered_gamma=False, layernorm_type
         return (z, mu, rs, si, amax) if fp8_dtype is not None else (z, mu, rs, None, None)
     if rms:
         if fp8_dtype is None:
-            z, rs = ops.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma)
+            z, rs = kernels.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma)
             return z, None, rs, None, None
-        z, rs, si, amax = ops.rmsnorm_fwd_fp8(x, gamma, scale, fp8_dtype, eps, zero_centered_gamma)
+        z, rs, si, amax = kernels.rmsnorm_fwd_fp8(x, gamma, scale, fp8_dtype, eps, zero_centered_gamma)
         return z, None, rs, si, amax
     if fp8_dtype is None:
-        z, mu, rs = ops.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma)
+        z, mu, rs = kernels.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma)
         return z, mu, rs, None, None
-    return ops.layernorm_fwd_fp8(x, gamma, beta, scale, fp8_dtype, eps, zero_centered_gamma)
+    return kernels.layernorm_fwd_fp8(x, gamma, beta, scale, fp8_dtype, eps, zero_centered_gamma)
 
 
 def _workspace_bytes(dz, x, gamma, zero_centered_gamma, rms):
@@ -83,9 +83,9 @@ def norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma=False, layernorm_type
     rms = layernorm_type == "rmsnorm"
     if not use_custom_call(layernorm_type):
         if rms:
-            dx, dg = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
+            dx, dg = kernels.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
             return dx, dg, None
-        return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+        return kernels.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
     dz = dz.astype(x.dtype)
     nbytes = _workspace_bytes(dz, x, gamma, zero_centered_gamma, rms)
     results = (sds(x.shape, x.dtype), sds(gamma.shape, gamma.dtype),

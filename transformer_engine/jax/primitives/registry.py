@@ -6,7 +6,7 @@ traced by jit):
   - the native library sees a GPU of its backend, JAX's default backend is 'gpu' and no
     jax.default_device(...) of another platform is in force,
   - NVTE_JAX_CUSTOM_CALLS (read in transformer_engine.common.config) leaves it on.
-Otherwise the jnp reference of transformer_engine.jax.ops runs: on CPU, and as the oracle.
+Otherwise the jnp reference of transformer_engine.jax.kernels runs: on CPU, and as the oracle.
 
 vmap: every custom call is declared with vmap_method="sequential": a batched call runs the
 custom call once per batch element (a loop in XLA), which keeps per-tensor semantics such as

@@ -8,13 +8,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import ops
+from .. import kernels
 from .registry import empty, f32, ffi, i64, sds, use_custom_call
 
 KINDS = {"scaled": 0, "masked": 1, "causal": 2}
-_REF_FWD = {"scaled": lambda x, m, s: ops.scaled_softmax_forward(x, s),
-            "masked": lambda x, m, s: ops.scaled_masked_softmax_forward(x, m, s),
-            "causal": lambda x, m, s: ops.scaled_upper_triang_masked_softmax_forward(x, s)}
+_REF_FWD = {"scaled": lambda x, m, s: kernels.scaled_softmax_forward(x, s),
+            "masked": lambda x, m, s: kernels.scaled_masked_softmax_forward(x, m, s),
+            "causal": lambda x, m, s: kernels.scaled_upper_triang_masked_softmax_forward(x, s)}
 
 
 def _native_ok(x):
@@ -48,7 +48,7 @@ def softmax_forward(x, mask=None, scale=1.0, kind="scaled"):
 
 def softmax_backward(dy, y, scale=1.0, kind="scaled"):
     if not _native_ok(y):
-        return ops.scaled_softmax_backward(dy, y, scale)
+        return kernels.scaled_softmax_backward(dy, y, scale)
     return ffi("te_softmax_bwd_ffi", sds(y.shape, y.dtype))(dy.astype(y.dtype), y,
                                                               kind=i64(KINDS[kind]), scale=f32(scale))
 

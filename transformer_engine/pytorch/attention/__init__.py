@@ -1,5 +1,5 @@
 """Attention: the backend dispatcher, DotProductAttention, MultiheadAttention, RoPE, KV cache."""
-from ..ops.attention import AttentionConfig  # noqa: F401  (what get_attention_backend judges)
+from ..kernels.attention import AttentionConfig  # noqa: F401  (what get_attention_backend judges)
 from .backend_selection import AttentionBackendReport, get_attention_backend  # noqa: F401
 from .dot_product_attention import DotProductAttention  # noqa: F401
 from .inference import InferenceParams  # noqa: F401

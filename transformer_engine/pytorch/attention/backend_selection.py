@@ -36,7 +36,7 @@ _logger = logging.getLogger("transformer_engine.pytorch.attention")
 def _ops_attention():
     """The native attention op module (attn-native's); None while it is absent from the build."""
     try:
-        from ..ops import attention
+        from ..kernels import attention
     except ImportError:
         return None
     return attention
@@ -73,7 +73,7 @@ def _bias(backend, cfg):
 def _kernel(backend, cfg):
     mod = _ops_attention()
     if mod is None:
-        return "not built: transformer_engine.pytorch.ops.attention is absent"
+        return "not built: transformer_engine.pytorch.kernels.attention is absent"
     ok, reason = mod.native_attention_support(backend, cfg)
     return None if ok else reason
 
@@ -143,7 +143,7 @@ def _env_key() -> tuple:
 
 
 def get_attention_backend(cfg) -> AttentionBackendReport:
-    """The backend DotProductAttention would run for `cfg` (an ops.attention.AttentionConfig), with
+    """The backend DotProductAttention would run for `cfg` (an kernels.attention.AttentionConfig), with
     every rejection and its reason. Runs nothing on the device; reads the NVTE_*_ATTN switches now."""
     key = (cfg, _env_key())
     report = _CACHE.get(key)

@@ -8,8 +8,8 @@ import torch
 import torch.utils.checkpoint
 
 from ...common import config as env
-from ..ops import attention as attn_ops
-from ..ops._checks import check_tensor
+from ..kernels import attention as attn_ops
+from ..kernels._checks import check_tensor
 from . import masks
 from .backend_selection import get_attention_backend
 from .unfused import unfused_attention

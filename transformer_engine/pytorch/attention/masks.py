@@ -2,7 +2,7 @@
 
 Convention everywhere in Transformer Engine: True means *masked out* (the key is not attended).
 The semantics of each mask type and of the sliding window (which diagonal each is anchored to,
-per-sequence lengths) are defined once, in ops/attention.py's docstring and reference; this module
+per-sequence lengths) are defined once, in kernels/attention.py's docstring and reference; this module
 validates the user's arguments and builds the same mask for the unfused path.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops.attention import MASK_TYPES, QKV_FORMATS, _visible_mask, is_bottom_right, is_causal, is_padding  # noqa: F401,E501
+from ..kernels.attention import MASK_TYPES, QKV_FORMATS, _visible_mask, is_bottom_right, is_causal, is_padding  # noqa: F401,E501
 
 # Aliases accepted by NVIDIA TE (both spellings of the padding+causal type).
 _ALIASES = {"causal_padding": "padding_causal",

@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..module import LayerNormLinear, Linear
-from ..ops.attention_packed import can_pack, split_packed_qkv
+from ..kernels.attention_packed import can_pack, split_packed_qkv
 from .dot_product_attention import DotProductAttention, _tp_world_size
 from .rope import apply_rotary_pos_emb
 

@@ -1,12 +1,12 @@
 """Rotary position embedding: the module that makes the angle table, and the differentiable apply
-(the fused kernel of ops/rope.py on a supported GPU, its reference elsewhere)."""
+(the fused kernel of kernels/rope.py on a supported GPU, its reference elsewhere)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from ..ops.rope import apply_rotary_pos_emb  # noqa: F401  (the public function lives with its kernel)
+from ..kernels.rope import apply_rotary_pos_emb  # noqa: F401  (the public function lives with its kernel)
 
 
 class RotaryPositionEmbedding(torch.nn.Module):

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import ops
+from .. import kernels
 from . import masks
 
 
@@ -56,10 +56,10 @@ def _thd_index(cu_seqlens, max_seqlen, device):
 def _softmax(scores: torch.Tensor, mask: Optional[torch.Tensor], scale: float, causal_square: bool):
     """The fused softmax variant that matches the mask; every one has a native kernel."""
     if mask is None:
-        return ops.scaled_softmax(scores, scale)
+        return kernels.scaled_softmax(scores, scale)
     if causal_square:
-        return ops.scaled_upper_triang_masked_softmax(scores, scale)
-    return ops.scaled_masked_softmax(scores, mask.expand(mask.shape[0], mask.shape[1], *scores.shape[2:]),
+        return kernels.scaled_upper_triang_masked_softmax(scores, scale)
+    return kernels.scaled_masked_softmax(scores, mask.expand(mask.shape[0], mask.shape[1], *scores.shape[2:]),
                                      scale)
 
 

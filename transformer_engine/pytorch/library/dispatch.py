@@ -1,4 +1,4 @@
-"""The ops as the modules call them: eager calls go straight to transformer_engine.pytorch.ops
+"""The ops as the modules call them: eager calls go straight to transformer_engine.pytorch.kernels
 (the thin fast path); while torch.compile traces, the same call goes through the registered
 custom op (te_ops) so the graph holds one node per kernel and no data pointers."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Optional
 
 import torch
 
-from .. import ops
-from ..ops.gemm import GemmOutput
-from ..ops.normalization import NormOutput
+from .. import kernels
+from ..kernels.gemm import GemmOutput
+from ..kernels.normalization import NormOutput
 from . import te_ops
 
 _is_compiling = torch.compiler.is_compiling
@@ -23,7 +23,7 @@ def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale
                  bias=None, gelu=False, gelu_input=None, bias_grad=False, out=None,
                  accumulate=False, use_split_accumulator=False, addend=None) -> GemmOutput:
     if not _is_compiling():
-        return ops.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
+        return kernels.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
                                 B_scale_inv=B_scale_inv, bias=bias, gelu=gelu, gelu_input=gelu_input,
                                 bias_grad=bias_grad, out=out, accumulate=accumulate,
                                 use_split_accumulator=use_split_accumulator, addend=addend)
@@ -46,25 +46,25 @@ def general_gemm(A, B, out_dtype=None, *, layout="TN", A_scale_inv=None, B_scale
 
 def cast_transpose(x, scale, fp8_dtype, amax=None):
     if not _is_compiling():
-        return ops.cast_transpose(x, scale, fp8_dtype, amax)
+        return kernels.cast_transpose(x, scale, fp8_dtype, amax)
     return _te().cast_transpose(x, scale, fp8_dtype, amax)
 
 
 def quantize(x, scale, fp8_dtype, amax=None):
     if not _is_compiling():
-        return ops.quantize(x, scale, fp8_dtype, amax)
+        return kernels.quantize(x, scale, fp8_dtype, amax)
     return _te().quantize(x, scale, fp8_dtype, amax)
 
 
 def transpose(x):
     if not _is_compiling():
-        return ops.transpose(x)
+        return kernels.transpose(x)
     return _te().transpose(x)
 
 
 def compute_amax(x, amax):
     if not _is_compiling():
-        return ops.compute_amax(x, amax)
+        return kernels.compute_amax(x, amax)
     # traced: plain torch (max|x| with NaN propagating, no host-side branch)
     cur = x.abs().amax().float().reshape(amax.shape) if x.numel() else torch.zeros_like(amax)
     amax.copy_(torch.where(torch.isnan(cur), cur, torch.maximum(amax, cur)))
@@ -76,20 +76,20 @@ def norm_fwd(rms: bool, x, gamma, beta, eps, zero_centered_gamma, fp8_dtype=None
     if not _is_compiling():
         kw = dict(fp8_dtype=fp8_dtype, scale=scale, amax=amax)
         if rms:
-            return ops.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, **kw)
-        return ops.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, **kw)
+            return kernels.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, **kw)
+        return kernels.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, **kw)
     out, mu, rsigma, scale_inv = _te().norm_fwd(x, gamma, beta, float(eps), bool(zero_centered_gamma),
                                                 rms, fp8_dtype, scale, amax)
     return NormOutput(out, None if rms else mu, rsigma, scale_inv if fp8_dtype is not None else None)
 
 
 def norm_bwd(rms: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual=None):
-    """(dx, dgamma, dbeta or None); dresidual: added into dx (ops.layernorm_bwd)."""
+    """(dx, dgamma, dbeta or None); dresidual: added into dx (kernels.layernorm_bwd)."""
     if not _is_compiling():
         if rms:
-            dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
+            dx, dgamma = kernels.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
             return dx, dgamma, None
-        return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
+        return kernels.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
     dx, dgamma, dbeta = _te().norm_bwd(dz, x, mu, rsigma, gamma, bool(zero_centered_gamma), rms,
                                        dresidual)
     return dx, dgamma, (None if rms else dbeta)
@@ -97,14 +97,14 @@ def norm_bwd(rms: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual
 
 def activation_forward(x, name, fp8_dtype: Optional[torch.dtype] = None, scale=None, amax=None):
     if not _is_compiling():
-        return ops.activation_forward(x, name, fp8_dtype, scale, amax)
+        return kernels.activation_forward(x, name, fp8_dtype, scale, amax)
     out, scale_inv = _te().act_fwd(x, name, fp8_dtype, scale, amax)
     return out if fp8_dtype is None else (out, scale_inv)
 
 
 def activation_backward(grad, x, name):
     if not _is_compiling():
-        return ops.activation_backward(grad, x, name)
+        return kernels.activation_backward(grad, x, name)
     return _te().act_bwd(grad, x, name)
 
 
@@ -112,7 +112,7 @@ def dbias_dactivation(grad, x, name, fp8_dtype=None, scale=None, amax=None):
     """(dx, dbias), or (dx_fp8, dbias, scale_inv) with fp8_dtype (eager only: delayed scaling,
     the one user of the FP8 form, is refused under torch.compile)."""
     if not _is_compiling():
-        return ops.dbias_dactivation(grad, x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
+        return kernels.dbias_dactivation(grad, x, name, fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     dx, dbias = _te().dbias_dact(grad, x, name)
     return dx, dbias
 
@@ -120,7 +120,7 @@ def dbias_dactivation(grad, x, name, fp8_dtype=None, scale=None, amax=None):
 def dbias(grad, dbias_dtype=None):
     """grad's column sums (a linear layer's bias gradient) in dbias_dtype (default grad.dtype)."""
     if not _is_compiling():
-        return ops.dbias(grad, dbias_dtype)
+        return kernels.dbias(grad, dbias_dtype)
     return _te().dbias(grad, dbias_dtype)
 
 

@@ -1,5 +1,5 @@
 """The custom ops (namespace `te`). Each real implementation calls the eager op of
-transformer_engine.pytorch.ops; each fake implementation only describes the outputs. Optional
+transformer_engine.pytorch.kernels; each fake implementation only describes the outputs. Optional
 outputs come back as empty tensors (custom ops cannot return None)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import ops
+from .. import kernels
 
 _EMPTY = (0,)
 
@@ -40,7 +40,7 @@ def gemm(A: Tensor, B: Tensor, out_dtype: torch.dtype, layout: str, A_scale_inv:
          B_scale_inv: Optional[Tensor], bias: Optional[Tensor], gelu: bool,
          gelu_input: Optional[Tensor], bias_grad: bool, use_split_accumulator: bool,
          addend: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    r = ops.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
+    r = kernels.general_gemm(A, B, out_dtype, layout=layout, A_scale_inv=A_scale_inv,
                          B_scale_inv=B_scale_inv, bias=bias, gelu=gelu, gelu_input=gelu_input,
                          bias_grad=bias_grad, use_split_accumulator=use_split_accumulator,
                          addend=addend)
@@ -65,7 +65,7 @@ def _(A, B, out_dtype, layout, A_scale_inv, B_scale_inv, bias, gelu, gelu_input,
 @torch.library.custom_op("te::cast_transpose", mutates_args=("amax",))
 def cast_transpose(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, amax: Optional[Tensor]
                    ) -> Tuple[Tensor, Tensor, Tensor]:
-    return ops.cast_transpose(x, scale, fp8_dtype, amax)
+    return kernels.cast_transpose(x, scale, fp8_dtype, amax)
 
 
 @cast_transpose.register_fake
@@ -78,7 +78,7 @@ def _(x, scale, fp8_dtype, amax):
 @torch.library.custom_op("te::quantize", mutates_args=("amax",))
 def quantize(x: Tensor, scale: Tensor, fp8_dtype: torch.dtype, amax: Optional[Tensor]
              ) -> Tuple[Tensor, Tensor]:
-    return ops.quantize(x, scale, fp8_dtype, amax)
+    return kernels.quantize(x, scale, fp8_dtype, amax)
 
 
 @quantize.register_fake
@@ -88,7 +88,7 @@ def _(x, scale, fp8_dtype, amax):
 
 @torch.library.custom_op("te::transpose", mutates_args=())
 def transpose(x: Tensor) -> Tensor:
-    return ops.transpose(x)
+    return kernels.transpose(x)
 
 
 @transpose.register_fake
@@ -102,9 +102,9 @@ def norm_fwd(x: Tensor, gamma: Tensor, beta: Optional[Tensor], eps: float, zero_
              amax: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     kw = dict(fp8_dtype=fp8_dtype, scale=scale, amax=amax)
     if rms:
-        r = ops.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, **kw)
+        r = kernels.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, **kw)
     else:
-        r = ops.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, **kw)
+        r = kernels.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, **kw)
     f32 = torch.float32
     return (r.out, r.mu if r.mu is not None else _empty(x, f32), r.rsigma,
             r.scale_inv if r.scale_inv is not None else _empty(x, f32))
@@ -124,9 +124,9 @@ def norm_bwd(dz: Tensor, x: Tensor, mu: Optional[Tensor], rsigma: Tensor, gamma:
              zero_centered_gamma: bool, rms: bool, dresidual: Optional[Tensor] = None
              ) -> Tuple[Tensor, Tensor, Tensor]:
     if rms:
-        dx, dgamma = ops.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
+        dx, dgamma = kernels.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma, dresidual)
         return dx, dgamma, _empty(gamma)
-    return ops.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
+    return kernels.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma, dresidual)
 
 
 @norm_bwd.register_fake
@@ -136,7 +136,7 @@ def _(dz, x, mu, rsigma, gamma, zero_centered_gamma, rms, dresidual=None):
 
 
 def _act_out_shape(x, name):
-    from ..ops.activation import GATED
+    from ..kernels.activation import GATED
     return list(x.shape[:-1]) + [x.shape[-1] // 2] if name in GATED else list(x.shape)
 
 
@@ -144,8 +144,8 @@ def _act_out_shape(x, name):
 def act_fwd(x: Tensor, name: str, fp8_dtype: Optional[torch.dtype], scale: Optional[Tensor],
             amax: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     if fp8_dtype is None:
-        return ops.activation_forward(x, name), _empty(x, torch.float32)
-    return ops.activation_forward(x, name, fp8_dtype, scale, amax)
+        return kernels.activation_forward(x, name), _empty(x, torch.float32)
+    return kernels.activation_forward(x, name, fp8_dtype, scale, amax)
 
 
 @act_fwd.register_fake
@@ -157,7 +157,7 @@ def _(x, name, fp8_dtype, scale, amax):
 def _dact_reference(grad: Tensor, x: Tensor, name: str) -> Tensor:
     """fp32 d act / dx applied to grad. Inside a custom op autograd is switched off, so the
     reference (which asks autograd) is replayed with torch.func.vjp instead."""
-    from ..ops.activation import activation_fp32_reference
+    from ..kernels.activation import activation_fp32_reference
     _, vjp = torch.func.vjp(lambda t: activation_fp32_reference(t, name), x.float())
     return vjp(grad.float())[0]
 
@@ -170,7 +170,7 @@ def _native(t: Tensor) -> bool:
 @torch.library.custom_op("te::act_bwd", mutates_args=())
 def act_bwd(grad: Tensor, x: Tensor, name: str) -> Tensor:
     if _native(x):
-        return ops.activation_backward(grad, x, name)
+        return kernels.activation_backward(grad, x, name)
     return _dact_reference(grad, x, name).to(x.dtype)
 
 
@@ -182,7 +182,7 @@ def _(grad, x, name):
 @torch.library.custom_op("te::dbias_dact", mutates_args=())
 def dbias_dact(grad: Tensor, x: Tensor, name: str) -> List[Tensor]:
     if _native(x):
-        return list(ops.dbias_dactivation(grad, x, name))
+        return list(kernels.dbias_dactivation(grad, x, name))
     dx = _dact_reference(grad, x, name)
     return [dx.to(x.dtype), dx.reshape(-1, x.shape[-1]).sum(0).to(x.dtype)]
 
@@ -194,7 +194,7 @@ def _(grad, x, name):
 
 @torch.library.custom_op("te::dbias", mutates_args=())
 def dbias(grad: Tensor, dbias_dtype: Optional[torch.dtype]) -> Tensor:
-    return ops.dbias(grad.contiguous(), dbias_dtype)
+    return kernels.dbias(grad.contiguous(), dbias_dtype)
 
 
 @dbias.register_fake

@@ -15,7 +15,7 @@ import math
 import torch
 
 from .. import native
-from ..ops.gemm import EPILOGUE_BGRADB, EPILOGUE_BIAS, EPILOGUE_NONE, gemm_workspace_raw
+from ..kernels.gemm import EPILOGUE_BGRADB, EPILOGUE_BIAS, EPILOGUE_NONE, gemm_workspace_raw
 
 _CODE = native.DTYPE_CODE
 
@@ -102,7 +102,7 @@ def _epilogue(bias, bias_grad):
 
 def gemm(nc, A, transa, B, transb, out, A_sinv=None, B_sinv=None, bias=None, beta=0.0,
          fast_accum=True, bias_grad=None, *, addend=None):
-    """out = op(B) @ op(A) (+ bias) (+ beta * out): see ops/gemm.py for the layouts. bias_grad
+    """out = op(B) @ op(A) (+ bias) (+ beta * out): see kernels/gemm.py for the layouts. bias_grad
     (layout NT, high precision: a wgrad) receives the column sums of B in the same GEMM.
     addend (out's shape and dtype, high-precision out): out = op(B) @ op(A) + addend (+ bias), the
     addend read by the GEMM as its C operand (beta 1; exclusive with beta != 0, accumulation

@@ -1,5 +1,5 @@
 """The GEMMs of a linear layer, in high precision or FP8, shared by Linear, LayerNormLinear and
-LayerNormMLP (see ops/gemm.py for the layouts):
+LayerNormMLP (see kernels/gemm.py for the layouts):
 
     fprop  y  = x @ W.T (+ b)   TN: A = W  [out, in],      B = x  [tokens, in]
     dgrad  dx = dy @ W          FP8 TN: A = W.T (cached),  B = dy; high precision NN
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..library import dispatch as K
-from ..ops.gemm import GemmOutput
+from ..kernels.gemm import GemmOutput
 from ..tensor import Float8Tensor
 from . import _fast
 from ._casts import cast, transposed
@@ -161,7 +161,7 @@ def dgrad_hp(w, dy2d):
 
 def bias_grad_of(dy2d: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
     """Column sums of the 2-D output gradient in bias_dtype, summed in fp32: the native column
-    sum (ops.dbias; deterministic) on a GPU, through the direct call in eager mode, torch's sum
+    sum (kernels.dbias; deterministic) on a GPU, through the direct call in eager mode, torch's sum
     on the reference backend."""
     if not dy2d.is_contiguous():
         dy2d = dy2d.contiguous()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..library import dispatch as K
-from ..ops.normalization import NormOutput
+from ..kernels.normalization import NormOutput
 from . import _fast
 from ._casts import cast, cast_scale, record_scale, transposed
 

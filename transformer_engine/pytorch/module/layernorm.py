@@ -5,7 +5,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import ops
+from .. import kernels
 from ._norm import param_for, reset_norm_params
 from .base import default_device
 
@@ -41,5 +41,5 @@ class LayerNorm(torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         x = x.contiguous()
-        return ops.layernorm(x, param_for(self.weight, x), param_for(self.bias, x), self.eps,
+        return kernels.layernorm(x, param_for(self.weight, x), param_for(self.bias, x), self.eps,
                              self.zero_centered_gamma)

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..library import dispatch as K
-from ..ops.activation import ACTIVATIONS, GATED
+from ..kernels.activation import ACTIVATIONS, GATED
 from . import _fast, _gemms, _parallel
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params

@@ -5,7 +5,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import ops
+from .. import kernels
 from .base import default_device
 from ._norm import param_for, reset_norm_params
 
@@ -39,4 +39,4 @@ class RMSNorm(torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         x = x.contiguous()
-        return ops.rmsnorm(x, param_for(self.weight, x), self.eps, self.zero_centered_gamma)
+        return kernels.rmsnorm(x, param_for(self.weight, x), self.eps, self.zero_centered_gamma)

@@ -25,7 +25,7 @@ def _fp8_max(fp8_dtype: torch.dtype) -> float:
 
 def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype):
     """(fp8 data, scale_inv) of x with scale = fp8_max / amax(x), all on x's device."""
-    from ..ops import quantize
+    from ..kernels import quantize
     from ..quantization import scale_from_amax
     x = x.contiguous()
     amax = x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
@@ -59,13 +59,13 @@ class Float8Tensor(torch.Tensor):
         return self._data.dtype
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        from ..ops import dequantize
+        from ..kernels import dequantize
         return dequantize(self._data, self._scale_inv, dtype or self.dtype)
 
     def transpose_fp8(self) -> torch.Tensor:
         """FP8 data of the 2-D transpose, made once and kept until the value changes."""
         if self._transpose_cache is None:
-            from ..ops import transpose
+            from ..kernels import transpose
             self._transpose_cache = transpose(self._data)
         return self._transpose_cache
 

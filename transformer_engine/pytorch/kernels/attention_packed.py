@@ -6,7 +6,7 @@ weight). split_packed_qkv returns q, k, v [..., heads, d] as views of it (no cop
 autograd Function; each view carries the QKVPack (attribute PACK_ATTR) that says how to take
 the same views of any tensor of mixed's shape.
 
-FusedAttention (ops/attention.py) hands the views to cuDNN with their strides, and in its
+FusedAttention (kernels/attention.py) hands the views to cuDNN with their strides, and in its
 backward, when q/k/v are one pack's views, allocates one buffer of mixed's shape and has the
 kernel write dq/dk/dv into the pack's views of it. The split's backward recognises that buffer
 (the three gradients are exactly its views) and returns it as mixed's gradient: no concatenation.

@@ -1,5 +1,5 @@
 """General GEMM in jnp with the semantics of nvte_gemm and the torch op
-(transformer_engine.pytorch.ops.gemm): row-major
+(transformer_engine.pytorch.kernels.gemm): row-major
 
     out = op_b(B) @ op_a(A),   op_a(A) = A.T if layout[0] == "T" else A,  op_b likewise,
 

@@ -1,6 +1,6 @@
 """LayerNorm and RMSNorm in jnp, the same maths as the native kernels and the torch references
 (csrc/common/include/transformer_engine/normalization.h): statistics and results in float32,
-z rounded once to x's dtype or quantised to FP8 like ops.quantize of the float32 z.
+z rounded once to x's dtype or quantised to FP8 like kernels.quantize of the float32 z.
 Functional: results are returned, nothing is updated in place."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ same bits as the unfused sequence of ops:
   cast_transpose_dbias:       v = x;                      dbias = column sums of x
   act_cast_transpose:         v = act(x) (plain name) or act(x[..., :N]) * x[..., N:] (gated)
   dact_dbias_cast_transpose:  v = the activation's backward at x applied to grad (as in
-                              ops.activation_backward);    dbias = column sums of v
+                              kernels.activation_backward);    dbias = column sums of v
 then data = quantize(v) (saturate(v * scale) in fp8_dtype), data_t its transpose,
 scale_inv = 1 / scale, amax = max(amax, max|v|). dbias is summed in fp32 from the unrounded v.
 """
@@ -92,7 +92,7 @@ def cast_transpose_dbias(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.
                          amax: Optional[torch.Tensor] = None,
                          scale_inv: Optional[torch.Tensor] = None,
                          dbias_dtype: Optional[torch.dtype] = None):
-    """(data, data_t, dbias, scale_inv): ops.cast_transpose of x plus dbias = x summed over all
+    """(data, data_t, dbias, scale_inv): kernels.cast_transpose of x plus dbias = x summed over all
     rows ([x.shape[-1]] in dbias_dtype, default x.dtype), in one pass over x."""
     op = "cast_transpose_dbias"
     scale_inv = _prepare(op, x, scale, fp8_dtype, amax, scale_inv)
@@ -147,7 +147,7 @@ def dact_dbias_cast_transpose(grad: torch.Tensor, x: torch.Tensor, name: str,
                               with_dbias: bool = True,
                               dbias_dtype: Optional[torch.dtype] = None):
     """(data, data_t, dbias, scale_inv): v = the backward of act at x (the forward's input)
-    applied to grad, as ops.activation_backward computes it (grad [..., N] and v like x
+    applied to grad, as kernels.activation_backward computes it (grad [..., N] and v like x
     [..., 2N] for a gated name), quantized row-major and transposed, and dbias = v summed over
     all rows ([v.shape[-1]], dbias_dtype, default x.dtype; None when with_dbias is False)."""
     op = f"dact_dbias_cast_transpose({name})"

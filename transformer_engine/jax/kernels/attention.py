@@ -1,6 +1,6 @@
 """Scaled dot-product attention in jnp: the maths of the native attention backends
 (csrc/common/include/transformer_engine/attention.h) and of the torch reference
-(transformer_engine/pytorch/ops/attention.py, whose docstring defines layouts and masks).
+(transformer_engine/pytorch/kernels/attention.py, whose docstring defines layouts and masks).
 
 fp32 arithmetic, one rounding to q's dtype; True in attn_mask = masked out; a query row that sees
 no key gives zeros; padded query rows give zeros. GQA: query head h reads kv head

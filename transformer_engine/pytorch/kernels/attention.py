@@ -54,7 +54,7 @@ tensor [2] (seed, offset) when dropout_p > 0, else an empty int64 tensor.
 
 The native backends need float16/bfloat16 CUDA/ROCm tensors. cuDNN reads q/k/v strided in place
 (the head dim contiguous, the other strides multiples of 8 elements, 16-byte aligned: e.g. the
-views of one packed QKV projection, ops/attention_packed.py) and writes dq/dk/dv with their
+views of one packed QKV projection, kernels/attention_packed.py) and writes dq/dk/dv with their
 strides; other tensors, and every tensor of the portable backend, are made contiguous first.
 Dropout and bias are not implemented natively (native_attention_support says so): the unfused
 path serves them.
@@ -617,7 +617,7 @@ def _grads_like(call, tensors, pack):
 
 class FusedAttention(torch.autograd.Function):
     """Autograd over fused_attention_forward / fused_attention_backward (one native backend).
-    q/k/v that are the views of one packed projection (ops/attention_packed.py) are read in place
+    q/k/v that are the views of one packed projection (kernels/attention_packed.py) are read in place
     and get their gradients as views of one packed buffer."""
 
     @staticmethod

@@ -6,7 +6,7 @@ torch, and its plain-torch reference (defined next to it) otherwise. The maths, 
   LayerNorm:  mu = mean(x), rsigma = 1/sqrt(var(x) + eps), z = (x - mu) * rsigma * g + beta
   RMSNorm:    rsigma = 1/sqrt(mean(x^2) + eps),            z = x * rsigma * g
   g = gamma, or 1 + gamma with zero_centered_gamma.
-z is returned in x's dtype, or quantised to FP8 exactly like ops.quantize of the fp32 z.
+z is returned in x's dtype, or quantised to FP8 exactly like kernels.quantize of the fp32 z.
 gamma/beta are in x's dtype or float32; mu/rsigma are float32 with x's leading shape.
 """
 from __future__ import annotations

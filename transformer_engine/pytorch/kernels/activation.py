@@ -6,7 +6,7 @@ activation, the SECOND half is the linear gate: y = act(x[..., :N]) * x[..., N:]
 
 Each op runs the native kernel for CUDA/ROCm tensors when the native core is built for this
 torch and the plain-torch reference (defined here) otherwise. Both compute in fp32 and round once
-to the output dtype; an FP8 output is quantize(fp32 result) exactly as ops.quantize does, with
+to the output dtype; an FP8 output is quantize(fp32 result) exactly as kernels.quantize does, with
 amax = max|fp32 result|.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rotary position embedding in jnp for sbhd, bshd and thd (cu_seqlens) layouts, interleaved or
 rotate-half, rotary dim R = freqs.shape[-1] <= head dim; fp32 maths, one rounding to x.dtype.
-Same definition as transformer_engine/pytorch/ops/rope.py and csrc rope.h; positions without a
+Same definition as transformer_engine/pytorch/kernels/rope.py and csrc rope.h; positions without a
 freqs row give NaN."""
 from __future__ import annotations
 
