@@ -1,0 +1,182 @@
+"""GPT block under tensor parallelism with sequence parallelism over NCCL, against one GPU.
+
+Shape: hidden 4096, 32 heads, ffn 16384, sequence 2048, batch 2, causal, bf16 parameters (the
+block of attention_cases/transformer_layer.py). Contenders, one run:
+  single_bf16   te.TransformerLayer on one GPU, the whole batch
+  tp_sp_bf16    the same layer split over WORLD GPUs (set_parallel_mode, sequence_parallel)
+  tp_sp_fp8     the split layer under DelayedScaling (amaxes reduced over the group)
+  tp_sp_fp8_cs  the split layer under Float8CurrentScaling
+A step is forward + backward; STEP_CALLS steps run back to back between two events, the median
+of ROUNDS such windows is kept; the split contenders report the slowest rank. With --profile,
+rank 0 also records one FP8 step with torch.profiler and prints where its time goes (GEMMs,
+communication, the rest). NVLink multicast must stay off: NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (set here if unset).
+
+  python benchmarks/bench_distributed.py [--json out.json] [--quick] [--profile]
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+
+import torch
+
+for _var, _val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                   ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_var, _val)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+HIDDEN, HEADS, FFN, SEQ, BATCH = 4096, 32, 16384, 2048, 2
+WORLD = 2
+STEP_CALLS = 4
+TARGETS = {"fp8_vs_bf16_tp_sp": 1.5, "bf16_scaling_vs_single": 1.8}
+
+
+def _layer(**kw):
+    import transformer_engine.pytorch as te
+    return te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0,
+                               self_attn_mask_type="causal", fuse_qkv_params=True,
+                               params_dtype=torch.bfloat16, device="cuda", **kw)
+
+
+def _recipe(name):
+    from transformer_engine.common import recipe
+    return {"bf16": None, "fp8": recipe.DelayedScaling, "fp8_cs": recipe.Float8CurrentScaling}[name]
+
+
+def _step(layer, x, dy, make_recipe, group=None):
+    import transformer_engine.pytorch as te
+    params = list(layer.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        if make_recipe is None:
+            out = layer(x)
+        else:
+            with te.fp8_autocast(enabled=True, fp8_recipe=make_recipe(), fp8_group=group):
+                out = layer(x)
+        out.backward(dy)
+    return step
+
+
+def _time_steps(step, rounds, barrier=None):
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        if barrier:
+            barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(STEP_CALLS):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / STEP_CALLS)
+    return statistics.median(times)
+
+
+def _profile_summary(step) -> dict:
+    """Milliseconds of one step's device time by kind of kernel (rank 0)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kinds = {"gemm": 0.0, "nccl": 0.0, "attention": 0.0, "other": 0.0}
+    top = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if not us:
+            continue
+        name = ev.key.lower()
+        kind = ("nccl" if "nccl" in name else "gemm" if ("gemm" in name or "cutlass" in name or "sm90_xmma" in name)
+                else "attention" if ("attn" in name or "flash" in name or "fmha" in name or "sdpa" in name) else "other")
+        kinds[kind] += us / 1000.0
+        top.append((us / 1000.0, ev.key[:90]))
+    top.sort(reverse=True)
+    return {"by_kind_ms": {k: round(v, 3) for k, v in kinds.items()},
+            "top_kernels_ms": [[round(t, 3), n] for t, n in top[:12]]}
+
+
+def _rank(rank, port, out_path, rounds, profile):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank))
+    group = dist.new_group(list(range(WORLD)))
+    torch.manual_seed(0)
+    layer = _layer(set_parallel_mode=True, sequence_parallel=True, tp_group=group, tp_size=WORLD)
+    gen = torch.Generator(device="cuda").manual_seed(1 + rank)
+    x = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    dy = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = {}
+    for name in ("bf16", "fp8", "fp8_cs"):
+        step = _step(layer, x, dy, _recipe(name), group)
+        res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
+        if profile and rank == 0 and name != "fp8_cs":
+            res[f"profile_tp_sp_{name}"] = _profile_summary(step)
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    if torch.cuda.device_count() < WORLD:
+        sys.exit(f"needs {WORLD} GPUs, {torch.cuda.device_count()} visible")
+    rounds = 5 if args.quick else 15
+    record = common.device_record()
+    record["gpus"] = torch.cuda.device_count()
+
+    torch.manual_seed(0)
+    layer = _layer()
+    x = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    single = {"single_bf16": _time_steps(_step(layer, x, dy, None), rounds),
+              "single_fp8": _time_steps(_step(layer, x, dy, _recipe("fp8")), rounds)}
+    del layer, x, dy
+    torch.cuda.empty_cache()
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.start_processes(_rank, args=(port, out, rounds, args.profile), nprocs=WORLD, start_method="spawn")
+        ranks = []
+        for r in range(WORLD):
+            with open(f"{out}.{r}") as f:
+                ranks.append(json.load(f))
+    rows = dict(single)
+    for key in ("tp_sp_bf16", "tp_sp_fp8", "tp_sp_fp8_cs"):
+        rows[key] = max(r[key] for r in ranks)  # the step ends when the slowest rank does
+    ratios = {"fp8_vs_bf16_tp_sp": rows["tp_sp_bf16"] / rows["tp_sp_fp8"],
+              "fp8_cs_vs_bf16_tp_sp": rows["tp_sp_bf16"] / rows["tp_sp_fp8_cs"],
+              "bf16_scaling_vs_single": rows["single_bf16"] / rows["tp_sp_bf16"],
+              "fp8_scaling_vs_single": rows["single_fp8"] / rows["tp_sp_fp8"]}
+    print("ms per step:", {k: round(v, 3) for k, v in rows.items()})
+    print("ratios:", {k: round(v, 3) for k, v in ratios.items()}, "targets:", TARGETS)
+    profiles = {k: v for k, v in ranks[0].items() if k.startswith("profile_")}
+    for k, v in profiles.items():
+        print(k, json.dumps(v, indent=1))
+    common.write_json(args.json, {**record, "shape": dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, seq=SEQ, batch=BATCH),
+                                  "world": WORLD, "ms": rows, "ratios": ratios, "targets": TARGETS,
+                                  "meets_targets": {k: ratios[k] >= v for k, v in TARGETS.items()},
+                                  **profiles})
+
+
+if __name__ == "__main__":
+    main()
