@@ -6,6 +6,8 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
   tp_sp_bf16    the same layer split over WORLD GPUs (set_parallel_mode, sequence_parallel)
   tp_sp_fp8     the split layer under DelayedScaling (amaxes reduced over the group)
   tp_sp_fp8_cs  the split layer under Float8CurrentScaling
+  cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
+                against the ring over WORLD GPUs (context parallelism), forward + backward
 A step is forward + backward; STEP_CALLS steps run back to back between two events, the median
 of ROUNDS such windows is kept; the split contenders report the slowest rank. With --profile,
 rank 0 also records one FP8 step with torch.profiler and prints where its time goes (GEMMs,
@@ -106,6 +108,27 @@ def _profile_summary(step) -> dict:
             "top_kernels_ms": [[round(t, 3), n] for t, n in top[:12]]}
 
 
+CP_SEQ, CP_HEADS, CP_DIM = 32768, 32, 128
+
+
+def _attention_step(cp_group=None, rank=0, world=1):
+    import transformer_engine.pytorch as te
+    from transformer_engine.pytorch.attention.context_parallel import split_for_context_parallel
+    attn = te.DotProductAttention(CP_HEADS, CP_DIM, qkv_format="bshd", attn_mask_type="causal", cp_group=cp_group)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    full = [torch.randn(1, CP_SEQ, CP_HEADS, CP_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(3)]
+    q, k, v = (split_for_context_parallel(t, 1, rank, world).requires_grad_() if world > 1 else t.requires_grad_()
+               for t in full)
+    dy = torch.randn(q.shape[:2] + (CP_HEADS * CP_DIM,), device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        attn(q, k, v).backward(dy)
+    return step
+
+
 def _rank(rank, port, out_path, rounds, profile):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -123,6 +146,9 @@ def _rank(rank, port, out_path, rounds, profile):
         res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
         if profile and rank == 0 and name != "fp8_cs":
             res[f"profile_tp_sp_{name}"] = _profile_summary(step)
+    del layer, x, dy
+    torch.cuda.empty_cache()
+    res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds, lambda: dist.barrier(group=group))
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -148,6 +174,8 @@ def main():
               "single_fp8": _time_steps(_step(layer, x, dy, _recipe("fp8")), rounds)}
     del layer, x, dy
     torch.cuda.empty_cache()
+    single["single_attention_32k"] = _time_steps(_attention_step(), rounds)
+    torch.cuda.empty_cache()
 
     import torch.multiprocessing as mp
     with socket.socket() as s:
@@ -161,12 +189,13 @@ def main():
             with open(f"{out}.{r}") as f:
                 ranks.append(json.load(f))
     rows = dict(single)
-    for key in ("tp_sp_bf16", "tp_sp_fp8", "tp_sp_fp8_cs"):
+    for key in ("tp_sp_bf16", "tp_sp_fp8", "tp_sp_fp8_cs", "cp_attention"):
         rows[key] = max(r[key] for r in ranks)  # the step ends when the slowest rank does
     ratios = {"fp8_vs_bf16_tp_sp": rows["tp_sp_bf16"] / rows["tp_sp_fp8"],
               "fp8_cs_vs_bf16_tp_sp": rows["tp_sp_bf16"] / rows["tp_sp_fp8_cs"],
               "bf16_scaling_vs_single": rows["single_bf16"] / rows["tp_sp_bf16"],
-              "fp8_scaling_vs_single": rows["single_fp8"] / rows["tp_sp_fp8"]}
+              "fp8_scaling_vs_single": rows["single_fp8"] / rows["tp_sp_fp8"],
+              "cp_attention_32k_vs_single": rows["single_attention_32k"] / rows["cp_attention"]}
     print("ms per step:", {k: round(v, 3) for k, v in rows.items()})
     print("ratios:", {k: round(v, 3) for k, v in ratios.items()}, "targets:", TARGETS)
     profiles = {k: v for k, v in ranks[0].items() if k.startswith("profile_")}

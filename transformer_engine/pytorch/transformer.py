@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
+from .attention.context_parallel import set_context_parallel_group_of
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 
 _OP = "TransformerLayer"
@@ -138,6 +139,11 @@ class TransformerLayer(torch.nn.Module):
         if want_ln_out:
             return outputs[0], outputs[-1]
         return outputs, None
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
+                                   cp_comm_type: str = "p2p") -> None:
+        """Split the sequence of self-attention over `cp_group` (see DotProductAttention's)."""
+        set_context_parallel_group_of(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 self_attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,

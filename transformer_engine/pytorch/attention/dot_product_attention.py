@@ -12,6 +12,7 @@ from ..kernels import attention as attn_ops
 from ..kernels._checks import check_tensor
 from . import masks
 from .backend_selection import get_attention_backend
+from .context_parallel import check_context_parallel, context_parallel_attention
 from .unfused import unfused_attention
 
 _OP = "DotProductAttention"
@@ -57,8 +58,6 @@ class DotProductAttention(torch.nn.Module):
                  cp_group=None, cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
                  softmax_scale: Optional[float] = None, softmax_type: str = "vanilla"):
         super().__init__()
-        if cp_group is not None:
-            raise NotImplementedError(f"{_OP}: context parallelism (cp_group) is not implemented")
         if softmax_type != "vanilla":
             raise NotImplementedError(f"{_OP}: softmax_type {softmax_type!r}: only 'vanilla' is implemented")
         if attention_type not in ("self", "cross"):
@@ -93,8 +92,23 @@ class DotProductAttention(torch.nn.Module):
         self.get_rng_state_tracker = get_rng_state_tracker
         self.sequence_parallel = sequence_parallel
         self.last_backend_report = None    # the report of the latest forward (for inspection)
+        self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         # per-call host work is paid once per geometry: every training step repeats the same call
         self._checked, self._configs = set(), {}
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
+                                   cp_comm_type: str = "p2p") -> None:
+        """Split the sequence over `cp_group` (ring attention, attention/context_parallel.py): each
+        rank then passes its part of q/k/v in the balanced two-chunk layout that
+        `split_for_context_parallel` makes. cp_stream is accepted for NVIDIA TE's signature; the
+        ring's transfers already overlap its compute."""
+        if cp_comm_type != "p2p":
+            raise ValueError(f"{_OP}: cp_comm_type {cp_comm_type!r}; only 'p2p' (ring) is implemented")
+        self.cp_group, self.cp_global_ranks, self.cp_stream = cp_group, cp_global_ranks, cp_stream
+
+    def _context_parallel(self) -> bool:
+        return (self.cp_group is not None and torch.distributed.is_available()
+                and torch.distributed.is_initialized() and torch.distributed.get_world_size(self.cp_group) > 1)
 
     # ----- argument handling ------------------------------------------------------------------
 
@@ -206,6 +220,19 @@ class DotProductAttention(torch.nn.Module):
                 self._checked.clear()
             self._checked.add(geometry)
         out_format = qkv_format
+        if self._context_parallel():
+            sdim = 1 if qkv_format == "bshd" else 0
+            check_context_parallel(mask_type, qkv_format, self.attention_dropout if self.training else 0.0,
+                                   core_attention_bias_type != "no_bias", window, q.shape[sdim],
+                                   torch.distributed.get_world_size(self.cp_group))
+            if inference_params is not None or attention_mask is not None or cu_seqlens_q is not None:
+                raise ValueError(f"{_OP}: context parallelism takes no KV cache, attention_mask or cu_seqlens")
+            out = context_parallel_attention(
+                q, k, v, qkv_format=qkv_format, mask_type=mask_type, softmax_scale=self.softmax_scale,
+                cp_group=self.cp_group, cp_global_ranks=self.cp_global_ranks,
+                dropout_p=self.attention_dropout if self.training else 0.0,
+                has_bias=core_attention_bias_type != "no_bias", window_size=window)
+            return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
         if inference_params is not None:
             q, k, v, qkv_format, mask_type = self._use_kv_cache(inference_params, q, k, v, qkv_format, mask_type)
         bias = None

@@ -20,6 +20,7 @@ from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
 from .dot_product_attention import DotProductAttention, _tp_world_size
 from .rope import apply_rotary_pos_emb
+from .context_parallel import set_context_parallel_group_of
 
 _OP = "MultiheadAttention"
 
@@ -160,6 +161,11 @@ class MultiheadAttention(torch.nn.Module):
         return q, k
 
     # ----- forward ---------------------------------------------------------------------------------
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
+                                   cp_comm_type: str = "p2p") -> None:
+        """Split the sequence of self-attention over `cp_group` (see DotProductAttention's)."""
+        set_context_parallel_group_of(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 encoder_output: Optional[torch.Tensor] = None, attn_mask_type: Optional[str] = None,
