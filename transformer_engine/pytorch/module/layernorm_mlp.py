@@ -16,7 +16,7 @@ import torch
 
 from ..library import dispatch as K
 from ..kernels.activation import ACTIVATIONS, GATED
-from . import _fast, _gemms, _parallel
+from . import _fast, _gemms, _parallel, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -166,7 +166,8 @@ class _LayerNormMLPFn(torch.autograd.Function):
         ctx.b2_grad = b2 is not None and b2.requires_grad
         ctx.param_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None,
                             b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
-        ctx.weights = (w1, w2) if module.fuse_wgrad_accumulation else (None, None)
+        ctx.weights = ((w1, w2) if module.fuse_wgrad_accumulation or module.delay_wgrad_compute
+                       else (None, None))
         ctx.shapes = (inp.shape, tuple(w1.shape), tuple(w2.shape))
         y = y.view(-1, *inp.shape[1:-1], w2.shape[0])
         if module.return_layernorm_output:
@@ -188,28 +189,33 @@ class _LayerNormMLPFn(torch.autograd.Function):
             dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
             da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["w2"]:
-                dw2 = _gemms.wgrad_fp8(a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse)
+                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
+                    a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
             dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
             if need["w1"]:
-                dw1 = _gemms.wgrad_fp8(ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse)
+                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_fp8(
+                    ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse))
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             dh, db1 = _dact(module.activation, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, dh, False, 1)
-            if need["w2"] and db2_dtype is not None:
+            if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
                 dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
+                dw2 = _wgrad.autograd_weight_grad(ctx.weights[1], dw2, fuse)
             elif need["w2"]:
-                dw2 = _gemms.wgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape)
-            elif db2_dtype is not None:
+                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
+                    a_t, dy, ctx.weights[1], fuse, *w2_shape))
+            if db2_dtype is not None and db2 is None:
                 db2 = _gemms.bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:
-                dw1 = _gemms.wgrad_hp(ln_t, dh, ctx.weights[0], fuse, *w1_shape)
+                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_hp(
+                    ln_t, dh, ctx.weights[0], fuse, *w1_shape))
         if fi.step is not None:
             fi.step.backward_finished()
         if db1 is not None:
@@ -242,7 +248,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
                  return_layernorm_output: bool = False,
                  return_layernorm_output_gathered: bool = False, zero_centered_gamma: bool = False,
                  device: Union[torch.device, str, None] = None, set_parallel_mode: bool = False,
-                 name: Optional[str] = None, **_ignored):
+                 name: Optional[str] = None, delay_wgrad_compute: bool = False,
+                 activation_params: Optional[dict] = None, checkpoint: bool = False, **_ignored):
         super().__init__()
         check_normalization("LayerNormMLP", normalization)
         if activation not in SUPPORTED_ACTIVATIONS:
@@ -255,6 +262,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.set_parallel_mode = set_parallel_mode
         self.sequence_parallel = sequence_parallel and self.tp_size > 1
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.return_bias, self.use_bias = return_bias, bias
         self.return_layernorm_output = return_layernorm_output
         self.return_layernorm_output_gathered = return_layernorm_output_gathered
