@@ -1,0 +1,2 @@
+def make_graphed_callables(*a, **k):
+    raise NotImplementedError
