@@ -4,7 +4,8 @@
     inp = [x_0; x_1; ...; x_{n-1}]   x_i: m_splits[i] rows        y_i = x_i @ W_i.T + b_i
 
 Each group runs the same GEMMs as te.Linear (see _gemms.py), in high precision or FP8, one
-after the other on the caller's stream: groups of different sizes need no padding in high
+after the other on the caller's stream, writing its rows of the output (and of the input
+gradient) in place: groups of different sizes need no padding in high
 precision, and FP8 (which needs every m_i to be a multiple of 16: see Fp8Padding) gives each
 group its own scaling slots (forward: input 2i and weight 2i+1; backward: output gradient i), as
 the per-GEMM recipe state of NV TE does. Empty groups (m_i == 0) launch nothing; their weight
@@ -74,14 +75,14 @@ class _GroupedLinearFn(torch.autograd.Function):
                 xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i], fi.replay, fi.record)
                 wq, wq_t, w_sinv = _gemms.fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
                                                      is_first_microbatch)
-                y[rows] = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b).out
+                _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b, out=y[rows])
                 saved.append((xq_t, x_sinv, wq_t, w_sinv))
             else:
                 w = hp_weight(weights[i], dtype)
                 if fi.calibrating:
                     record_amax(fi.rs, x_i, True, 2 * i)
                     record_amax(fi.rs, w, True, 2 * i + 1)
-                y[rows] = _gemms.fprop_hp(w, x_i, b)
+                _gemms.fprop_hp(w, x_i, b, out=y[rows])
                 saved.append((x_i if need_wgrad[i] else None, w if need_dgrad else None))
         ctx.groups = saved  # per-group operands (a list: None entries for empty groups)
         ctx.splits, ctx.fp8, ctx.fi, ctx.dtype, ctx.module = splits, fp8, fi, dtype, module
@@ -124,7 +125,7 @@ class _GroupedLinearFn(torch.autograd.Function):
                 xq_t, x_sinv, wq_t, w_sinv = group
                 dyq, dyq_t, dy_sinv = cast(fi.rs, dy_i, False, i, ctx.need_wgrad[i])
                 if ctx.need_dgrad:
-                    dx[rows] = _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, dtype)
+                    _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, dtype, out=dx[rows])
                 if ctx.need_wgrad[i]:
                     dws[i] = _wgrad.weight_grad(module, weight, fuse, _fp8_wgrad(
                         xq_t, x_sinv, dyq_t, dy_sinv, dtype, weight, fuse))
@@ -133,7 +134,7 @@ class _GroupedLinearFn(torch.autograd.Function):
                 if fi.calibrating:
                     record_amax(fi.rs, dy_i, False, i)
                 if ctx.need_dgrad:
-                    dx[rows] = _gemms.dgrad_hp(w, dy_i)
+                    _gemms.dgrad_hp(w, dy_i, out=dx[rows])
                 if ctx.need_wgrad[i]:
                     dws[i] = _wgrad.weight_grad(module, weight, fuse, _hp_wgrad(
                         x_i, dy_i, weight, fuse, out_features, in_features))
