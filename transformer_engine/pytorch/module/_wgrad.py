@@ -23,6 +23,18 @@ from typing import Callable, Optional
 import torch
 
 
+def mark_delayed_params(module) -> None:
+    """With delay_wgrad_compute: flags the module's GEMM weights and biases (not its norm
+    parameters) with skip_backward_post_hook = True, as NV TE does, so that Megatron's DDP
+    leaves them to the hooks registered with register_wgrad_accumulation_and_reduce_hooks
+    (which run after backward_dw())."""
+    if not getattr(module, "delay_wgrad_compute", False):
+        return
+    for name, p in module.named_parameters(recurse=False):
+        if not name.startswith("layer_norm"):
+            p.skip_backward_post_hook = True
+
+
 def autograd_weight_grad(weight: Optional[torch.Tensor], dw: Optional[torch.Tensor], fuse: bool):
     """The weight's gradient to return from an autograd backward once its wgrad GEMM has run
     (dw: the GEMM's result, None when it accumulated into main_grad)."""

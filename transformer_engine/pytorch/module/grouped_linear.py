@@ -208,6 +208,7 @@ class GroupedLinear(TransformerEngineBaseModule):
             if self.parallel_mode in ("column", "row") and self.tp_size > 1:
                 _parallel.dist_te.set_tensor_model_parallel_attributes(
                     w, True, 0 if parallel_mode == "column" else 1, 1)
+        _wgrad.mark_delayed_params(self)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:

@@ -177,6 +177,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
                     torch.zeros(rows, dtype=dt, device=device)) if bias else None)
         if device.type != "meta":
             self._reset_norm()
+        _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
         if self.parallel_mode != "column" or self.tp_size == 1:

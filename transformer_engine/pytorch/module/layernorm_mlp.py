@@ -331,6 +331,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
         if device.type != "meta":
             self._reset_norm()
+        _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
         if not (self.set_parallel_mode and self.tp_size > 1):

@@ -386,6 +386,7 @@ class Linear(TransformerEngineBaseModule):
             self._make_params(device)
         else:
             self.weight = self.bias = None
+        _wgrad.mark_delayed_params(self)
 
     def _make_params(self, device):
         shape_in = self.in_features
