@@ -33,9 +33,14 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
 3. Memory: parameter bytes and peak allocated memory of a LayerNormMLP forward + backward step
    (FP8 current scaling) with high-precision BF16 weights and with fp8_model_init (FP8-only weights).
 
+4. Graphed step: the host time of one te.Linear forward + backward at the host-time shape (2.)
+   captured with te.make_graphed_callables (BF16 and FP8 DelayedScaling, whose scaling update
+   replays inside the graphs) against an eager torch.nn.Linear step, measured as in 2. (best
+   chunks, contenders taking turns, ratio per round); the eager te.Linear step is shown beside.
+
 Prints one line per measurement, then a short table last. --json writes every number. --filter
 runs the sections whose label matches: "steps:Linear", "steps:LayerNormLinear", "steps:LayerNormMLP",
-"host", "memory" (e.g. --filter host: the host-time section alone).
+"host", "memory", "graphed" (e.g. --filter host: the host-time section alone).
 """
 import copy
 import gc
@@ -284,6 +289,45 @@ def bench_host(iters):
     return rows
 
 
+# ----- 4. graphed step ---------------------------------------------------------------------------
+
+def bench_graphed(iters):
+    tokens, fin, fout = HOST_SHAPE
+    x = torch.randn(tokens, fin, device=DEVICE, dtype=DTYPE).requires_grad_()
+    dy = torch.randn(tokens, fout, device=DEVICE, dtype=DTYPE)
+    nn_lin = torch.nn.Linear(fin, fout, device=DEVICE, dtype=DTYPE)
+    steps = {"torch_eager": step_fn(nn_lin, x, dy, None)}
+    for name, r in (("bf16", None), ("fp8_delayed", recipe.DelayedScaling())):
+        eager = te.Linear(fin, fout, params_dtype=DTYPE, device=DEVICE)
+        graphed = te.make_graphed_callables(copy.deepcopy(eager), (x,), enabled=r is not None,
+                                            recipe=r)
+        steps[f"te_eager_{name}"] = step_fn(eager, x, dy, r)
+        steps[f"te_graphed_{name}"] = step_fn(graphed, x, dy, None)  # the autocast is captured
+    for step in steps.values():
+        for _ in range(20):
+            step()
+    best = {name: [] for name in steps}
+    names = list(steps)
+    for r in range(HOST_ROUNDS):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            best[name].append(host_round_us(steps[name], iters)[0])
+    rows = []
+    for name in ("bf16", "fp8_delayed"):
+        g, e = f"te_graphed_{name}", f"te_eager_{name}"
+        row = {"module": "Linear", "shape": "x".join(map(str, HOST_SHAPE)), "mode": name,
+               "te_graphed_host_us": statistics.median(best[g]),
+               "te_eager_host_us": statistics.median(best[e]),
+               "torch_eager_host_us": statistics.median(best["torch_eager"]),
+               "graphed_over_torch_eager": statistics.median(
+                   a / b for a, b in zip(best[g], best["torch_eager"])),
+               "graphed_over_te_eager": statistics.median(a / b for a, b in zip(best[g], best[e]))}
+        print(f"graphed step {name:>12}: te graphed {row['te_graphed_host_us']:.1f} us  te eager "
+              f"{row['te_eager_host_us']:.1f} us  torch.nn eager {row['torch_eager_host_us']:.1f} us  "
+              f"graphed/torch {row['graphed_over_torch_eager']:.2f}", flush=True)
+        rows.append(row)
+    return rows
+
+
 # ----- 3. memory ---------------------------------------------------------------------------------
 
 def bench_memory():
@@ -321,6 +365,7 @@ def main():
                  if common.selected(f"steps:{name}", args.filter)]
     host_rows = bench_host(100 if args.quick else 300) if common.selected("host", args.filter) else []
     mem_rows = bench_memory() if common.selected("memory", args.filter) else []
+    graph_rows = bench_graphed(100 if args.quick else 300) if common.selected("graphed", args.filter) else []
 
     checks = []
     by_name = {r["module"]: r for r in step_rows}
@@ -343,7 +388,9 @@ def main():
                            "torch_compile_ms", "te_fp8_current_speedup_vs_eager", "te_bf16_speedup_vs_compile"]),
               (host_rows, ["mode", "te_host_us", "torch_host_us", "te_over_torch", "te_gpu_us", "torch_gpu_us",
                            "meets_bar"]),
-              (mem_rows, ["weights", "param_mib", "step_peak_mib"]))
+              (mem_rows, ["weights", "param_mib", "step_peak_mib"]),
+              (graph_rows, ["mode", "te_graphed_host_us", "te_eager_host_us", "torch_eager_host_us",
+                            "graphed_over_torch_eager"]))
     for rows, columns in tables:
         if rows:  # a section left out by --filter has none
             print()
@@ -353,7 +400,7 @@ def main():
         ok = value <= bar if "(<=)" in what else value >= bar
         print(f"{'MEETS' if ok else 'MISSES':>6}  {what}: {value:.2f} (bar {bar})")
     common.write_json(args.json, {**common.device_record(), "bars": BARS, "steps": step_rows, "host": host_rows,
-                                  "memory": mem_rows,
+                                  "memory": mem_rows, "graphed": graph_rows,
                                   "checks": [{"what": w, "value": v, "bar": b} for w, v, b in checks]})
 
 

@@ -28,6 +28,17 @@ void register_activation(py::module_& m) {
     NVTETensor g = tensor_from_tuple(grad), i = tensor_from_tuple(in), o = tensor_from_tuple(out);
     check_status(nvte_dgated_activation(act_of(act), &g, &i, &o, stream_from_int(stream)));
   });
+  // Clamped SwiGLU: the gated activation with its parameters (limit, alpha).
+  m.def("clamped_swiglu", [](const py::tuple& in, const py::tuple& out, float limit, float alpha,
+                             uintptr_t stream) {
+    NVTETensor i = tensor_from_tuple(in), o = tensor_from_tuple(out);
+    check_status(nvte_clamped_swiglu(&i, &o, limit, alpha, stream_from_int(stream)));
+  });
+  m.def("clamped_dswiglu", [](const py::tuple& grad, const py::tuple& in, const py::tuple& out,
+                              float limit, float alpha, uintptr_t stream) {
+    NVTETensor g = tensor_from_tuple(grad), i = tensor_from_tuple(in), o = tensor_from_tuple(out);
+    check_status(nvte_clamped_dswiglu(&g, &i, &o, limit, alpha, stream_from_int(stream)));
+  });
   // Workspace shape of dbias_dactivation (the size query of the C API): a tuple, () if none.
   m.def("dbias_dactivation_workspace", [](int act, const py::tuple& grad, const py::tuple& in,
                                           const py::tuple& out, const py::tuple& dbias) {

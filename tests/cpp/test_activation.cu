@@ -16,6 +16,7 @@ double act_value(NVTEActivation a, double x) {
     case kNVTERelu: return x > 0 ? x : 0;
     case kNVTEQGelu: return x * s17;
     case kNVTESRelu: return x > 0 ? x * x : 0;
+    case kNVTESigmoid: return s1;
     default: return x * s1;
   }
 }
@@ -31,7 +32,8 @@ bool near(double got, double want, double rtol, double atol) {
   return std::fabs(got - want) <= atol + rtol * std::fabs(want);
 }
 
-const NVTEActivation kAll[] = {kNVTEGelu, kNVTERelu, kNVTEQGelu, kNVTESRelu, kNVTESilu};
+const NVTEActivation kAll[] = {kNVTEGelu, kNVTERelu, kNVTEQGelu, kNVTESRelu, kNVTESilu,
+                               kNVTESigmoid};
 
 }  // namespace
 
@@ -93,6 +95,41 @@ TE_TEST(act_gated_bf16_matches_cpu) {
       TE_EXPECT(bad == 0, "%s width %lld: %d mismatches", nvte_activation_name(a), (long long)nw, bad);
     }
   }
+}
+
+// Clamped SwiGLU (limit 0.75, alpha 1.702: inputs of scale 2 hit both clamps) against the double
+// model, odd width.
+TE_TEST(act_clamped_swiglu_fp32_matches_cpu) {
+  const int64_t rows = 19, nw = 23;
+  const double limit = 0.75, alpha = 1.702;
+  const size_t nin = size_t(rows * 2 * nw), nout = size_t(rows * nw);
+  std::vector<float> x = random_floats(nin, 8, 2.f), g = random_floats(nout, 9, 1.f);
+  DeviceBuffer<float> in(x), grad(g), y(nout), dx(nin);
+  NVTETensor ti = desc(in.ptr, {rows, 2 * nw}, kNVTEFloat32);
+  NVTETensor tg = desc(grad.ptr, {rows, nw}, kNVTEFloat32);
+  NVTETensor ty = desc(y.ptr, {rows, nw}, kNVTEFloat32);
+  NVTETensor tdx = desc(dx.ptr, {rows, 2 * nw}, kNVTEFloat32);
+  TE_EXPECT(nvte_clamped_swiglu(&ti, &ty, float(limit), float(alpha), nullptr) == kNVTESuccess, "%s",
+            nvte_last_error_message());
+  TE_EXPECT(nvte_clamped_dswiglu(&tg, &ti, &tdx, float(limit), float(alpha), nullptr) == kNVTESuccess,
+            "%s", nvte_last_error_message());
+  TE_EXPECT(cuda_ok(), "sync");
+  auto hy = y.download(), hdx = dx.download();
+  int bad = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < nw; ++c) {
+      const double a = x[r * 2 * nw + c], b = x[r * 2 * nw + nw + c], dy = g[r * nw + c];
+      const double ac = std::fmin(a, limit), bc = std::fmax(-limit, std::fmin(b, limit));
+      const double s = 1.0 / (1.0 + std::exp(-alpha * ac)), gate = ac * s;
+      const double dgate = a > limit ? 0.0 : s + alpha * ac * s * (1 - s);
+      const double dlin = (b < -limit || b > limit) ? 0.0 : 1.0;
+      bad += !near(hy[r * nw + c], gate * (bc + 1), 2e-6, 2e-6);
+      bad += !near(hdx[r * 2 * nw + c], dy * (bc + 1) * dgate, 2e-6, 2e-6);
+      bad += !near(hdx[r * 2 * nw + nw + c], dy * gate * dlin, 2e-6, 2e-6);
+    }
+  TE_EXPECT(bad == 0, "%d mismatches", bad);
+  TE_EXPECT(nvte_clamped_swiglu(&ti, &ty, 0.f, float(alpha), nullptr) == kNVTEInvalidArgument,
+            "limit 0 accepted");
 }
 
 TE_TEST(act_relu_fp8_output_bit_exact) {

@@ -25,8 +25,9 @@ HAS_NATIVE_GPU = not native_gpu_reason()
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RECIPES = ("none", "delayed", "current")
-ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu", "geglu", "reglu", "swiglu", "qgeglu", "sreglu")
-GATED = ("geglu", "reglu", "swiglu", "qgeglu", "sreglu")
+ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu", "geglu", "reglu", "swiglu", "qgeglu", "sreglu",
+               "glu", "clamped_swiglu")
+GATED = ("geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 SKIPS = ("none", "wgrad", "dgrad")
 MODULES = ("Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP")

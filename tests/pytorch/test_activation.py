@@ -70,6 +70,7 @@ def _model(x, name):
         "qgelu": lambda v: v * sig(1.702 * v),
         "srelu": lambda v: np.maximum(v, 0) ** 2,
         "silu": lambda v: v * sig(v),
+        "sigmoid": sig,
     }
     if name in act.GATED:
         n = x.shape[-1] // 2

@@ -40,15 +40,20 @@ EPS = 1e-5
 # ---------------------------------------------------------------------------------------------
 
 def _act(name, x):
+    if name == "clamped_swiglu":  # LayerNormMLP's default activation_params: limit 7, alpha 1.702
+        a, b = x.chunk(2, dim=-1)
+        a = a.clamp(max=7.0)
+        return a * torch.sigmoid(1.702 * a) * (b.clamp(-7.0, 7.0) + 1)
     if name in GATED:
         a, gate = x.chunk(2, dim=-1)
         return _act({"geglu": "gelu", "reglu": "relu", "swiglu": "silu", "qgeglu": "qgelu",
-                     "sreglu": "srelu"}[name], a) * gate
+                     "sreglu": "srelu", "glu": "sigmoid"}[name], a) * gate
     return {"gelu": lambda v: F.gelu(v, approximate="tanh"),
             "relu": F.relu,
             "qgelu": lambda v: v * torch.sigmoid(1.702 * v),
             "srelu": lambda v: F.relu(v) ** 2,
-            "silu": F.silu}[name](x)
+            "silu": F.silu,
+            "sigmoid": torch.sigmoid}[name](x)
 
 
 def _norm(kind, x, p, prefix, zero_centered_gamma):

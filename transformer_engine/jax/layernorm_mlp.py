@@ -11,9 +11,10 @@ from .primitives.normalization import layernorm as _layernorm
 
 # Activation tuples of NVIDIA TE's LayerNormMLP -> the native activation names.
 _ACT_ALIASES = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu",
-                "quick_gelu": "qgelu", "qgelu": "qgelu", "squared_relu": "srelu", "srelu": "srelu"}
+                "quick_gelu": "qgelu", "qgelu": "qgelu", "squared_relu": "srelu", "srelu": "srelu",
+                "sigmoid": "sigmoid"}
 _GATED_OF = {"gelu": "geglu", "relu": "reglu", "silu": "swiglu", "qgelu": "qgeglu",
-             "srelu": "sreglu"}
+             "srelu": "sreglu", "sigmoid": "glu"}
 
 
 def activation_name(activations: Sequence[str]) -> Optional[str]:

@@ -15,3 +15,5 @@ from .attention import (  # noqa: F401
     apply_rotary_pos_emb)
 from .transformer import TransformerLayer  # noqa: F401
 from .checkpoint import checkpoint  # noqa: F401
+from .module import Fp8Padding, Fp8Unpadding, GroupedLinear  # noqa: F401
+from .graph import make_graphed_callables  # noqa: F401

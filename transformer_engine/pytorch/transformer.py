@@ -56,7 +56,8 @@ class TransformerLayer(torch.nn.Module):
                  zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
                  bias: bool = True, activation: str = "gelu", normalization: str = "LayerNorm",
                  device=None, attn_input_format: str = "sbhd", name: Optional[str] = None,
-                 softmax_scale: Optional[float] = None, **ignored_userbuffers_flags):
+                 softmax_scale: Optional[float] = None, activation_params: Optional[dict] = None,
+                 **ignored_userbuffers_flags):
         super().__init__()
         bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
         if bad:
@@ -108,7 +109,8 @@ class TransformerLayer(torch.nn.Module):
             activation=activation, normalization=normalization, params_dtype=params_dtype,
             return_layernorm_output=apply_residual_connection_post_layernorm,
             zero_centered_gamma=zero_centered_gamma, set_parallel_mode=set_parallel_mode,
-            fuse_wgrad_accumulation=fuse_wgrad_accumulation, device=device)
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation, device=device,
+            activation_params=activation_params)
         if output_layernorm:
             norm_cls = LayerNorm if normalization == "LayerNorm" else RMSNorm
             self.layernorm = norm_cls(hidden_size, eps=layernorm_epsilon, sequence_parallel=sequence_parallel,

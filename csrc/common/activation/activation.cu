@@ -151,6 +151,7 @@ void run_elementwise(NVTEActivation act, const ElementwiseArgs& a) {
     case kNVTEQGelu: launch_elementwise<kNVTEQGelu>(a); break;
     case kNVTESRelu: launch_elementwise<kNVTESRelu>(a); break;
     case kNVTESilu: launch_elementwise<kNVTESilu>(a); break;
+    case kNVTESigmoid: launch_elementwise<kNVTESigmoid>(a); break;
     default: check_act(act);
   }
 }
@@ -187,6 +188,7 @@ extern "C" const char* nvte_activation_name(NVTEActivation act) {
     case kNVTEQGelu: return "qgelu";
     case kNVTESRelu: return "srelu";
     case kNVTESilu: return "silu";
+    case kNVTESigmoid: return "sigmoid";
     default: return "invalid";
   }
 }
@@ -311,6 +313,7 @@ extern "C" NVTEStatus nvte_dbias_dactivation(NVTEActivation act, const NVTETenso
       case kNVTEQGelu: launch_dbias<kNVTEQGelu>(a); break;
       case kNVTESRelu: launch_dbias<kNVTESRelu>(a); break;
       case kNVTESilu: launch_dbias<kNVTESilu>(a); break;
+      case kNVTESigmoid: launch_dbias<kNVTESigmoid>(a); break;
       default: check_act(act);
     }
   });
@@ -344,3 +347,4 @@ TE_DEFINE_NAMED_ACTIVATION(relu, reglu, kNVTERelu)
 TE_DEFINE_NAMED_ACTIVATION(qgelu, qgeglu, kNVTEQGelu)
 TE_DEFINE_NAMED_ACTIVATION(srelu, sreglu, kNVTESRelu)
 TE_DEFINE_NAMED_ACTIVATION(silu, swiglu, kNVTESilu)
+TE_DEFINE_NAMED_ACTIVATION(sigmoid, glu, kNVTESigmoid)

@@ -64,6 +64,15 @@ struct Silu {
   }
 };
 
+// Its gated form is glu: sigmoid(a) * b.
+struct Sigmoid {
+  __device__ static float value(float x) { return sigmoid(x); }
+  __device__ static float deriv(float x) {
+    const float s = sigmoid(x);
+    return s * (1.f - s);
+  }
+};
+
 // Maps the public enum to its functor at compile time.
 template <NVTEActivation A> struct OpOf;
 template <> struct OpOf<kNVTEGelu> { using type = GeluTanh; };
@@ -71,6 +80,7 @@ template <> struct OpOf<kNVTERelu> { using type = Relu; };
 template <> struct OpOf<kNVTEQGelu> { using type = QuickGelu; };
 template <> struct OpOf<kNVTESRelu> { using type = SquaredRelu; };
 template <> struct OpOf<kNVTESilu> { using type = Silu; };
+template <> struct OpOf<kNVTESigmoid> { using type = Sigmoid; };
 
 }  // namespace act
 }  // namespace te

@@ -21,6 +21,7 @@ void run(NVTEActivation act, const ActTransposeArgs& a) {
     case kNVTEQGelu: launch_act_cast_transpose<kNVTEQGelu>(a); break;
     case kNVTESRelu: launch_act_cast_transpose<kNVTESRelu>(a); break;
     case kNVTESilu: launch_act_cast_transpose<kNVTESilu>(a); break;
+    case kNVTESigmoid: launch_act_cast_transpose<kNVTESigmoid>(a); break;
     default: check_act(act);
   }
 }

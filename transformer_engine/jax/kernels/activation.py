@@ -9,8 +9,9 @@ import jax.numpy as jnp
 
 from .cast import quantize
 
-ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu")
-GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "swiglu": "silu"}
+ACTIVATIONS = ("gelu", "relu", "qgelu", "srelu", "silu", "sigmoid")
+GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "swiglu": "silu",
+         "glu": "sigmoid"}
 
 
 def _base(name):
@@ -22,6 +23,7 @@ def _base(name):
         "qgelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
         "srelu": lambda x: jnp.square(jax.nn.relu(x)),
         "silu": jax.nn.silu,
+        "sigmoid": jax.nn.sigmoid,
     }[name]
 
 
@@ -70,3 +72,15 @@ def dbias_dactivation(grad, x, name, dbias_dtype=None, fp8_dtype=None, scale=Non
         return dx.astype(x.dtype), dbias
     data, scale_inv, amax = quantize(dx, scale, fp8_dtype)
     return data, dbias, scale_inv, amax
+
+
+def clamped_swiglu_fp32(x, limit=7.0, alpha=1.702):
+    """Clamped SwiGLU of x [..., 2N] in float32 (see nvte_clamped_swiglu): with a = x[..., :N]
+    clamped above at limit and b = x[..., N:] clamped to [-limit, limit],
+    a sigmoid(alpha a) (b + 1). Differentiable (the clamps pass the gradient inside their range)."""
+    xf = x.astype(jnp.float32)
+    if xf.ndim == 0 or xf.shape[-1] % 2:
+        raise ValueError(f"clamped_swiglu: x has shape {x.shape}; expected [..., 2*N]")
+    a, b = jnp.split(xf, 2, axis=-1)
+    a = jnp.minimum(a, limit)
+    return a * jax.nn.sigmoid(alpha * a) * (jnp.clip(b, -limit, limit) + 1.0)

@@ -1,5 +1,6 @@
-"""Activations (gelu, relu, qgelu, srelu, silu), their gated forms (geglu, reglu, qgeglu, sreglu,
-swiglu), backward passes and the fused dbias + dact, with optional FP8 outputs.
+"""Activations (gelu, relu, qgelu, srelu, silu, sigmoid), their gated forms (geglu, reglu, qgeglu,
+sreglu, swiglu, glu), backward passes and the fused dbias + dact, with optional FP8 outputs; and
+clamped SwiGLU (clamped_swiglu_*: gated, with run-time parameters limit and alpha).
 
 Gated convention: the input's last dim holds 2N values; the FIRST half goes through the
 activation, the SECOND half is the linear gate: y = act(x[..., :N]) * x[..., N:].
@@ -22,8 +23,9 @@ from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
 from .cast import quantize_reference
 
 # Code of each base activation in the C API (NVTEActivation) and the gated name of each.
-ACTIVATIONS = {"gelu": 0, "relu": 1, "qgelu": 2, "srelu": 3, "silu": 4}
-GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "swiglu": "silu"}
+ACTIVATIONS = {"gelu": 0, "relu": 1, "qgelu": 2, "srelu": 3, "silu": 4, "sigmoid": 5}
+GATED = {"geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu", "swiglu": "silu",
+         "glu": "sigmoid"}
 
 
 # ----- references ------------------------------------------------------------------------------
@@ -45,6 +47,7 @@ def _base_fn(name):
         "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
         "srelu": lambda x: F.relu(x) ** 2,
         "silu": F.silu,
+        "sigmoid": torch.sigmoid,
     }[name]
 
 
@@ -276,3 +279,110 @@ def apply_activation(x: torch.Tensor, name: str) -> torch.Tensor:
         return _Activation.apply(x, name)
     _check_name(f"apply_activation({name})", name)
     return activation_reference(x, name)
+
+
+# ----- clamped SwiGLU --------------------------------------------------------------------------
+# y = a' sigmoid(alpha a') (b' + 1) with a' = min(a, limit), b' = clamp(b, -limit, limit), where
+# a = x[..., :N] and b = x[..., N:] (see nvte_clamped_swiglu). The clamps pass the gradient
+# inside their closed range, as torch.clamp does.
+
+CLAMPED_SWIGLU = "clamped_swiglu"
+CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
+
+
+def clamped_swiglu_params(op: str, params: Optional[dict]):
+    """(limit, alpha) from an activation_params dict (defaults: limit 7.0, alpha 1.702)."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(CLAMPED_SWIGLU_DEFAULTS))
+    if unknown:
+        raise ValueError(f"{op}: activation_params has {unknown}; clamped_swiglu takes "
+                         f"{sorted(CLAMPED_SWIGLU_DEFAULTS)}")
+    limit = float(params.get("limit", CLAMPED_SWIGLU_DEFAULTS["limit"]))
+    alpha = float(params.get("alpha", CLAMPED_SWIGLU_DEFAULTS["alpha"]))
+    if not (0.0 < limit < math.inf) or not math.isfinite(alpha):
+        raise ValueError(f"{op}: activation_params limit={limit}, alpha={alpha}; expected a finite "
+                         "limit > 0 and a finite alpha")
+    return limit, alpha
+
+
+def clamped_swiglu_fp32_reference(x: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    a, b = x.float().chunk(2, dim=-1)
+    a = a.clamp(max=limit)
+    return a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + 1.0)
+
+
+def _clamped_dx_reference(grad, x, limit, alpha):
+    with torch.enable_grad():
+        xf = x.detach().float().requires_grad_(True)
+        (dx,) = torch.autograd.grad(clamped_swiglu_fp32_reference(xf, limit, alpha), xf,
+                                    grad.float())
+    return dx
+
+
+def clamped_swiglu_forward(x: torch.Tensor, limit: float = 7.0, alpha: float = 1.702,
+                           fp8_dtype: Optional[torch.dtype] = None,
+                           scale: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None,
+                           scale_inv: Optional[torch.Tensor] = None):
+    """Clamped SwiGLU of x [..., 2N] -> [..., N] in x.dtype, or (y_fp8, scale_inv) with fp8_dtype."""
+    op = "clamped_swiglu_forward"
+    limit, alpha = clamped_swiglu_params(op, {"limit": limit, "alpha": alpha})
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    _gated_shapes(op, x, "glu")
+    shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,)
+    out, scale_inv = _make_output(op, shape, x, fp8_dtype, scale, amax, scale_inv)
+    if native.use_native(x):
+        native.native_for_torch().clamped_swiglu(
+            native.describe(x), native.describe(out, amax, scale, scale_inv), limit, alpha,
+            native.stream_of(x))
+    else:
+        _finish_reference(out, clamped_swiglu_fp32_reference(x, limit, alpha), fp8_dtype, scale,
+                          amax, scale_inv)
+    return out if fp8_dtype is None else (out, scale_inv)
+
+
+def clamped_swiglu_backward(grad: torch.Tensor, x: torch.Tensor, limit: float = 7.0,
+                            alpha: float = 1.702, fp8_dtype: Optional[torch.dtype] = None,
+                            scale: Optional[torch.Tensor] = None,
+                            amax: Optional[torch.Tensor] = None,
+                            scale_inv: Optional[torch.Tensor] = None):
+    """dx [..., 2N] of clamped_swiglu_forward(x) for grad [..., N]."""
+    op = "clamped_swiglu_backward"
+    limit, alpha = clamped_swiglu_params(op, {"limit": limit, "alpha": alpha})
+    check_tensor(op, "x", x, native.HP_DTYPES)
+    check_tensor(op, "grad", grad, (x.dtype,))
+    _gated_shapes(op, x, "glu")
+    want = tuple(x.shape[:-1]) + (x.shape[-1] // 2,)
+    if tuple(grad.shape) != want or grad.device != x.device:
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)} on {grad.device}; expected "
+                         f"{want} on {x.device}")
+    out, scale_inv = _make_output(op, tuple(x.shape), x, fp8_dtype, scale, amax, scale_inv)
+    if native.use_native(x):
+        native.native_for_torch().clamped_dswiglu(
+            native.describe(grad), native.describe(x), native.describe(out, amax, scale, scale_inv),
+            limit, alpha, native.stream_of(x))
+    else:
+        _finish_reference(out, _clamped_dx_reference(grad, x, limit, alpha), fp8_dtype, scale,
+                          amax, scale_inv)
+    return out if fp8_dtype is None else (out, scale_inv)
+
+
+class _ClampedSwiglu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, limit, alpha):
+        ctx.save_for_backward(x)
+        ctx.params = (limit, alpha)
+        return clamped_swiglu_forward(x, limit, alpha)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return clamped_swiglu_backward(grad.contiguous(), x, *ctx.params), None, None
+
+
+def apply_clamped_swiglu(x: torch.Tensor, limit: float = 7.0, alpha: float = 1.702) -> torch.Tensor:
+    """Differentiable clamped SwiGLU: native kernels on a supported GPU, autograd of the
+    reference elsewhere."""
+    if native.use_native(x):
+        return _ClampedSwiglu.apply(x, limit, alpha)
+    limit, alpha = clamped_swiglu_params("apply_clamped_swiglu", {"limit": limit, "alpha": alpha})
+    return clamped_swiglu_fp32_reference(x, limit, alpha).to(x.dtype)

@@ -51,34 +51,47 @@ def _bias_for(bias, dtype):
     return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
 
 
-def fprop_hp(w, x2d, bias=None, addend=None):
+def _into(out, result):
+    """result, or out holding it when the caller gave an output buffer."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def fprop_hp(w, x2d, bias=None, addend=None, out=None):
     """y = x2d @ w.T (+ bias) (+ addend, a residual of y's shape and dtype, contiguous) in high
     precision: the direct native call in eager mode (no argument checks: the module checked
-    shapes and dtypes), else the checked op."""
+    shapes and dtypes), else the checked op. out: a contiguous buffer of y's shape and dtype to
+    write y into (GroupedLinear's row blocks)."""
     nc = _direct(x2d) if x2d.shape[0] > 0 and w.dtype == x2d.dtype else None
     if nc is None:
-        return K.general_gemm(w, x2d, layout="TN", bias=bias, addend=addend).out
-    out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
+        return _into(out, K.general_gemm(w, x2d, layout="TN", bias=bias, addend=addend).out)
+    if out is None:
+        out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
     return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
 
 
-def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=None):
+def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=None, out=None):
     nc = None if gelu else _direct(xq)
     if nc is not None:
-        out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
+        if out is None:
+            out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
         return GemmOutput(_fast.gemm(nc, wq, True, xq, False, out, w_sinv, x_sinv,
                                        _bias_for(bias, out_dtype), addend=addend), None, None)
-    return K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
-                            bias=bias, gelu=gelu, addend=addend)
+    res = K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
+                         bias=bias, gelu=gelu, addend=addend)
+    return res if out is None else res._replace(out=_into(out, res.out))
 
 
-def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype):
+def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype, out=None):
     nc = _direct(dyq)
     if nc is not None:
-        out = torch.empty(dyq.shape[0], wq_t.shape[0], dtype=out_dtype, device=dyq.device)
+        if out is None:
+            out = torch.empty(dyq.shape[0], wq_t.shape[0], dtype=out_dtype, device=dyq.device)
         return _fast.gemm(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
-    return K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
-                            B_scale_inv=dy_sinv).out
+    return _into(out, K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
+                                     B_scale_inv=dy_sinv).out)
 
 
 def wgrad_out(weight, fuse_wgrad_accumulation: bool):
@@ -151,12 +164,13 @@ def wgrad_bgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int,
     return dw, db
 
 
-def dgrad_hp(w, dy2d):
+def dgrad_hp(w, dy2d, out=None):
     nc = _direct(dy2d) if dy2d.shape[0] > 0 and w.dtype == dy2d.dtype else None
     if nc is not None:
-        out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
+        if out is None:
+            out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
         return _fast.gemm(nc, w, False, dy2d, False, out)
-    return K.general_gemm(w, dy2d, layout="NN").out
+    return _into(out, K.general_gemm(w, dy2d, layout="NN").out)
 
 
 def bias_grad_of(dy2d: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:

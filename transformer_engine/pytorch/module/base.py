@@ -11,6 +11,7 @@ import torch
 from .. import quantization as q
 from ..quantization import FP8GlobalState
 from ..tensor import Float8Tensor
+from ._wgrad import DelayedWeightGrad
 
 
 def default_init_method(std: float = 0.023) -> Callable:
@@ -37,7 +38,7 @@ class FP8CallInfo:
 _NO_FP8 = FP8CallInfo(False, False, None, None, None, None)
 
 
-class TransformerEngineBaseModule(torch.nn.Module):
+class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
     """Base of Linear, LayerNormLinear and LayerNormMLP: `fp8_slots` = (forward casts,
     backward casts) the module makes per call."""
     fp8_slots = (0, 0)

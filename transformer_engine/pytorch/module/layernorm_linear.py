@@ -9,7 +9,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from . import _gemms, _parallel
+from . import _gemms, _parallel, _wgrad
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -53,7 +53,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ctx.has_bias_grad = bias is not None and bias.requires_grad
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.ln_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None)
-        ctx.weight = weight if module.fuse_wgrad_accumulation else None
+        ctx.weight = weight if module.fuse_wgrad_accumulation or module.delay_wgrad_compute else None
         ctx.shapes = (inp.shape, out_features, in_features)
         ctx.return_ln_out, ctx.pass_input = return_ln_out, pass_input
         y = y.view(-1, *inp.shape[1:-1], out_features)
@@ -79,18 +79,22 @@ class _LayerNormLinearFn(torch.autograd.Function):
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)
             if ctx.need_wgrad:
-                dw = _gemms.wgrad_fp8(ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse)
+                dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
+                    ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_hp(w_saved, dy)
-            if ctx.need_wgrad and db_dtype is not None:
+            delay = module.delay_wgrad_compute
+            if ctx.need_wgrad and db_dtype is not None and not delay:
                 dw, db = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,
                                                in_features, db_dtype)
+                dw = _wgrad.autograd_weight_grad(ctx.weight, dw, fuse)
             elif ctx.need_wgrad:
-                dw = _gemms.wgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features, in_features)
-            elif db_dtype is not None:
+                dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
+                    ln_saved, dy, ctx.weight, fuse, out_features, in_features))
+            if db_dtype is not None and db is None:
                 db = _gemms.bias_grad_of(dy, db_dtype)
         if fi.step is not None:
             fi.step.backward_finished()
@@ -127,7 +131,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
                  return_layernorm_output_gathered: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
                  zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
-                 name: Optional[str] = None, **_ignored):
+                 name: Optional[str] = None, delay_wgrad_compute: bool = False, **_ignored):
         super().__init__()
         check_normalization("LayerNormLinear", normalization)
         if parallel_mode == "row":
@@ -140,6 +144,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         self.parallel_mode = parallel_mode
         self.sequence_parallel = sequence_parallel and self.tp_size > 1
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.return_bias, self.use_bias = return_bias, bias
         self.return_layernorm_output = return_layernorm_output
         self.return_layernorm_output_gathered = return_layernorm_output_gathered
@@ -172,6 +177,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
                     torch.zeros(rows, dtype=dt, device=device)) if bias else None)
         if device.type != "meta":
             self._reset_norm()
+        _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
         if self.parallel_mode != "column" or self.tp_size == 1:

@@ -15,13 +15,37 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..library import dispatch as K
-from ..kernels.activation import ACTIVATIONS, GATED
-from . import _fast, _gemms, _parallel
+from ..checkpoint import checkpoint as _checkpoint
+from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
+                                  clamped_swiglu_forward, clamped_swiglu_params)
+from . import _fast, _gemms, _parallel, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 
-SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED)
+SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED) + (CLAMPED_SWIGLU,)
+
+
+def _gated(act: str) -> bool:
+    """Whether FC1 makes 2N columns for the activation (gated forms, clamped SwiGLU)."""
+    return act in GATED or act == CLAMPED_SWIGLU
+
+
+# Clamped SwiGLU carries run-time parameters (limit, alpha) that the fused kernels of the other
+# activations do not take: it runs its own kernels (activation with an FP8 output, then a
+# transpose; backward, then the cast), through these two helpers.
+def _act_forward(module, h, fp8_dtype=None, scale=None, amax=None):
+    if module.activation == CLAMPED_SWIGLU:
+        return clamped_swiglu_forward(h, *module._clamp_params, fp8_dtype, scale, amax)
+    if fp8_dtype is None:
+        return K.activation_forward(h, module.activation)
+    return K.activation_forward(h, module.activation, fp8_dtype, scale, amax)
+
+
+def _act_backward(module, da, h):
+    if module.activation == CLAMPED_SWIGLU:
+        return clamped_swiglu_backward(da, h, *module._clamp_params)
+    return K.activation_backward(da, h, module.activation)
 
 
 def _direct(fi, h, backward=False):
@@ -33,18 +57,19 @@ def _direct(fi, h, backward=False):
     return _fast.native_call(h)
 
 
-def _act_fp8(fi, h, activation, slot):
+def _act_fp8(module, fi, h, activation, slot):
     """(fp8 activation output, scale_inv): the activation kernel casts as it writes (delayed),
     or high precision then cast (current scaling needs the amax first)."""
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
-        nc = _fast.native_call(h) if h.dim() == 2 and h.is_contiguous() else None
+        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous()
+              and activation != CLAMPED_SWIGLU else None)
         if nc is not None:
             return _fast.activation_fp8(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
                                         activation in GATED, fi.rs.fwd_dtype, scale, amax)
-        return K.activation_forward(h, activation, fi.rs.fwd_dtype, scale, amax)
-    a = K.activation_forward(h, activation)
+        return _act_forward(module, h, fi.rs.fwd_dtype, scale, amax)
+    a = _act_forward(module, h)
     data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
     return data, scale_inv
 
@@ -56,12 +81,12 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
-    nc = _direct(fi, h) if fi.rs.delayed and need["w2"] else None
+    nc = _direct(fi, h) if fi.rs.delayed and need["w2"] and act != CLAMPED_SWIGLU else None
     if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
         aq, aq_t, a_sinv = _fast.act_cast_transpose(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
                                                     act in GATED, 2)
     else:
-        aq, a_sinv = _act_fp8(fi, h, act, 2)
+        aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
     w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
@@ -78,7 +103,7 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
         a, h = r.out, r.gelu_input
     else:
         h = _gemms.fprop_hp(w1, ln_full, b1)
-        a = K.activation_forward(h, act)
+        a = _act_forward(module, h)
     if fi.calibrating:
         for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
@@ -87,12 +112,13 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
     return y, ln_out, saved
 
 
-def _dact(act, da, h, b1_grad, dtype):
+def _dact(module, da, h, b1_grad, dtype):
     """(dh, db1) from FC2's dgrad `da`: the fused dbias + dact kernel for plain activations
     (one pass; cuBLASLt's dGELU + bias-grad epilogue runs as a separate, slower kernel after
     the GEMM, so it is not used), dact then a column sum for the gated ones."""
-    if act in GATED:
-        dh = K.activation_backward(da, h, act)
+    act = module.activation
+    if _gated(act):
+        dh = _act_backward(module, da, h)
         return dh, (_gemms.bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
@@ -111,13 +137,13 @@ def _dact_fp8(ctx, da, h, need_transpose):
     Otherwise high precision, then cast + transpose (current scaling needs dh's amax first)."""
     rs, act = ctx.fi.rs, ctx.module.activation
     nc = (_direct(ctx.fi, h, backward=True) if rs.delayed and need_transpose and da.is_contiguous()
-          and da.dtype == h.dtype else None)
+          and da.dtype == h.dtype and act != CLAMPED_SWIGLU else None)
     if nc is not None:  # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass
         dhq, dhq_t, db1, dh_sinv = _fast.dact_dbias_cast_transpose(
             nc, rs, da, h, ACTIVATIONS[GATED.get(act, act)], act in GATED, 1,
             h.dtype if ctx.b1_grad else None)
         return dhq, dhq_t, dh_sinv, db1
-    if rs.delayed and act not in GATED:
+    if rs.delayed and not _gated(act):
         scale, amax = cast_scale(rs, None, False, 1, None)
         nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
               and da.dtype == h.dtype else None)
@@ -129,7 +155,7 @@ def _dact_fp8(ctx, da, h, need_transpose):
                                                     amax=amax)
         dhq_t = transposed(dhq) if need_transpose else None
         return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
-    dh, db1 = _dact(act, da, h, ctx.b1_grad, ctx.dtype)
+    dh, db1 = _dact(ctx.module, da, h, ctx.b1_grad, ctx.dtype)
     dhq, dhq_t, dh_sinv = cast(rs, dh, False, 1, need_transpose)
     return dhq, dhq_t, dh_sinv, db1
 
@@ -166,7 +192,8 @@ class _LayerNormMLPFn(torch.autograd.Function):
         ctx.b2_grad = b2 is not None and b2.requires_grad
         ctx.param_dtypes = (ln_weight.dtype, ln_bias.dtype if ln_bias is not None else None,
                             b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
-        ctx.weights = (w1, w2) if module.fuse_wgrad_accumulation else (None, None)
+        ctx.weights = ((w1, w2) if module.fuse_wgrad_accumulation or module.delay_wgrad_compute
+                       else (None, None))
         ctx.shapes = (inp.shape, tuple(w1.shape), tuple(w2.shape))
         y = y.view(-1, *inp.shape[1:-1], w2.shape[0])
         if module.return_layernorm_output:
@@ -188,28 +215,33 @@ class _LayerNormMLPFn(torch.autograd.Function):
             dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
             da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["w2"]:
-                dw2 = _gemms.wgrad_fp8(a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse)
+                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
+                    a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
             dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
             if need["w1"]:
-                dw1 = _gemms.wgrad_fp8(ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse)
+                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_fp8(
+                    ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse))
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
-            dh, db1 = _dact(module.activation, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
+            dh, db1 = _dact(module, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, dh, False, 1)
-            if need["w2"] and db2_dtype is not None:
+            if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
                 dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
+                dw2 = _wgrad.autograd_weight_grad(ctx.weights[1], dw2, fuse)
             elif need["w2"]:
-                dw2 = _gemms.wgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape)
-            elif db2_dtype is not None:
+                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
+                    a_t, dy, ctx.weights[1], fuse, *w2_shape))
+            if db2_dtype is not None and db2 is None:
                 db2 = _gemms.bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:
-                dw1 = _gemms.wgrad_hp(ln_t, dh, ctx.weights[0], fuse, *w1_shape)
+                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_hp(
+                    ln_t, dh, ctx.weights[0], fuse, *w1_shape))
         if fi.step is not None:
             fi.step.backward_finished()
         if db1 is not None:
@@ -242,7 +274,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
                  return_layernorm_output: bool = False,
                  return_layernorm_output_gathered: bool = False, zero_centered_gamma: bool = False,
                  device: Union[torch.device, str, None] = None, set_parallel_mode: bool = False,
-                 name: Optional[str] = None, **_ignored):
+                 name: Optional[str] = None, delay_wgrad_compute: bool = False,
+                 activation_params: Optional[dict] = None, checkpoint: bool = False, **_ignored):
         super().__init__()
         check_normalization("LayerNormMLP", normalization)
         if activation not in SUPPORTED_ACTIVATIONS:
@@ -250,11 +283,21 @@ class LayerNormMLP(TransformerEngineBaseModule):
                              f"{', '.join(SUPPORTED_ACTIVATIONS)}")
         self.normalization, self.eps, self.zero_centered_gamma = normalization, eps, zero_centered_gamma
         self.activation = activation
+        self.activation_params = activation_params
+        if activation == CLAMPED_SWIGLU:
+            self._clamp_params = clamped_swiglu_params("LayerNormMLP", activation_params)
+        elif activation_params:
+            raise ValueError(f"LayerNormMLP: activation_params is {activation_params!r}; only "
+                             f"activation='{CLAMPED_SWIGLU}' takes parameters")
+        # checkpoint=True: the forward keeps only its input; the backward recomputes the
+        # module's forward (te.checkpoint: the forward's RNG states and FP8 scales)
+        self.checkpoint = bool(checkpoint)
         self.tp_group = tp_group
         self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
         self.set_parallel_mode = set_parallel_mode
         self.sequence_parallel = sequence_parallel and self.tp_size > 1
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.return_bias, self.use_bias = return_bias, bias
         self.return_layernorm_output = return_layernorm_output
         self.return_layernorm_output_gathered = return_layernorm_output_gathered
@@ -269,7 +312,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.name = name
         device = default_device(device)
         dt = self.params_dtype
-        fc1_out = self.size_per_partition * (2 if activation in GATED else 1)
+        fc1_out = self.size_per_partition * (2 if _gated(activation) else 1)
         self.layer_norm_weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
         self.layer_norm_bias = (torch.nn.Parameter(torch.empty(hidden_size, dtype=dt, device=device))
                                 if normalization == "LayerNorm" else None)
@@ -288,6 +331,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             _parallel.dist_te.set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
         if device.type != "meta":
             self._reset_norm()
+        _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
         if not (self.set_parallel_mode and self.tp_size > 1):
@@ -315,6 +359,14 @@ class LayerNormMLP(TransformerEngineBaseModule):
         return not (self.return_bias or self.return_layernorm_output
                     or (self.set_parallel_mode and self.tp_size > 1))
 
+    def _fused_call(self, inp, is_first_microbatch, fused):
+        parallel = self.set_parallel_mode and self.tp_size > 1
+        b2 = self.fc2_bias if not (self.return_bias or parallel) else None
+        return _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
+                                     self.fc1_weight, self.fc1_bias, self.fc2_weight, b2, self,
+                                     self.fp8_call_info(inp.device), self.activation_dtype(inp),
+                                     is_first_microbatch, fused)
+
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, *,
                 _add_input: bool = False):
         """FC2(act(FC1(norm(inp)))); with _add_input (internal: TransformerLayer's pre-norm
@@ -326,14 +378,12 @@ class LayerNormMLP(TransformerEngineBaseModule):
             raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size} (hidden_size)")
         parallel = self.set_parallel_mode and self.tp_size > 1
-        dtype = self.activation_dtype(inp)
-        fi = self.fp8_call_info(inp.device)
-        b2 = self.fc2_bias if not (self.return_bias or parallel) else None
         # an input of another dtype than the GEMMs' output keeps torch's type promotion: added after
-        fused = _add_input and inp.dtype == dtype
-        out = _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
-                                    self.fc1_weight, self.fc1_bias, self.fc2_weight, b2, self, fi,
-                                    dtype, is_first_microbatch, fused)
+        fused = _add_input and inp.dtype == self.activation_dtype(inp)
+        if self.checkpoint and torch.is_grad_enabled():
+            out = _checkpoint(self._fused_call, inp, is_first_microbatch, fused)
+        else:
+            out = self._fused_call(inp, is_first_microbatch, fused)
         if _add_input and not fused:
             out = inp + out
         ln_out = None

@@ -11,7 +11,7 @@ from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from ..tensor import Float8Tensor
 from ..library import dispatch as K
-from . import _fast, _gemms, _parallel
+from . import _fast, _gemms, _parallel, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 
 
@@ -80,7 +80,9 @@ class _LinearFn(torch.autograd.Function):
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
         ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
-        ctx.weight = weight if fuse_wgrad else None
+        ctx.delay = getattr(module, "delay_wgrad_compute", False)
+        ctx.module = module if ctx.delay else None
+        ctx.weight = weight if fuse_wgrad or ctx.delay else None
         ctx.shapes = (inp.shape, out_features, in_features)
         return y if inp.dim() == 2 else y.view(*inp.shape[:-1], out_features)
 
@@ -95,8 +97,9 @@ class _LinearFn(torch.autograd.Function):
         # the direct path whenever it can serve the backward, whichever path the forward took
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
+        # a delayed weight gradient takes the checked ops (its GEMM runs later, in backward_dw)
         nc = (_fast.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and _fast.usable_backward(fi)
-              else None)
+              and not ctx.delay else None)
         # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
         # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
         # into an fp32 main_grad; see _gemms.bias_grad_in_wgrad_epilogue)
@@ -108,6 +111,7 @@ class _LinearFn(torch.autograd.Function):
         native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
         db = (_gemms.bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
+        dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
             saved = ctx.saved_tensors
             if nc is not None:
@@ -115,6 +119,7 @@ class _LinearFn(torch.autograd.Function):
                 db = fdb if fused_db else db
             else:
                 dx, dw = _fp8_backward(ctx, dy, *_saved_fp8_tensors(ctx, saved))
+                dw_final = True
         else:
             x2d, w = ctx.saved_tensors
             if fi.calibrating:
@@ -123,8 +128,12 @@ class _LinearFn(torch.autograd.Function):
                 dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db)
             else:
                 dx = _gemms.dgrad_hp(w, dy) if ctx.need_dgrad else None
-                dw = (_gemms.wgrad_hp(x2d, dy, ctx.weight, ctx.fuse, out_features, in_features)
+                dw = (_wgrad.weight_grad(ctx.module, ctx.weight, ctx.fuse, lambda: _gemms.wgrad_hp(
+                    x2d, dy, ctx.weight, ctx.fuse, out_features, in_features))
                       if ctx.need_wgrad else None)
+                dw_final = True
+        if not dw_final:
+            dw = _wgrad.autograd_weight_grad(ctx.weight, dw, ctx.fuse)
         if fi.step is not None:
             fi.step.backward_finished()
         if dx is not None and len(inp_shape) != 2:
@@ -168,7 +177,8 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
     if ctx.need_dgrad:
         dx = _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, ctx.dtype)
     if ctx.need_wgrad:
-        dw = _gemms.wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse)
+        dw = _wgrad.weight_grad(ctx.module, ctx.weight, ctx.fuse, lambda: _gemms.wgrad_fp8(
+            xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse))
     return dx, dw
 
 
@@ -351,9 +361,11 @@ class Linear(TransformerEngineBaseModule):
                  params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
                  skip_weight_param_allocation: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
-                 device: Union[torch.device, str, None] = None, name: Optional[str] = None, **_ignored):
+                 device: Union[torch.device, str, None] = None, name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, **_ignored):
         super().__init__()
         _parallel.check_parallel_mode("Linear", parallel_mode)
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.tp_group = tp_group
         self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
         self.parallel_mode = parallel_mode
@@ -374,6 +386,7 @@ class Linear(TransformerEngineBaseModule):
             self._make_params(device)
         else:
             self.weight = self.bias = None
+        _wgrad.mark_delayed_params(self)
 
     def _make_params(self, device):
         shape_in = self.in_features
@@ -454,7 +467,9 @@ class Linear(TransformerEngineBaseModule):
         fi = self.fp8_call_info(inp.device)
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
-        nc = _fast.native_call(inp) if _fast.usable(fi) else None
+        # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
+        nc = (_fast.native_call(inp) if _fast.usable(fi) and not self.delay_wgrad_compute
+              else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()

@@ -6,12 +6,14 @@
  *   kNVTEQGelu   x sigmoid(1.702 x)                                    ("quick" gelu)
  *   kNVTESRelu   max(x, 0)^2                                           (squared relu)
  *   kNVTESilu    x sigmoid(x)                                          (swish)
+ *   kNVTESigmoid sigmoid(x) = 1 / (1 + exp(-x))                        (its gated form: glu)
  *
  * Plain forms (input and output of one shape):
  *   activation:    y = act(x)
  *   dactivation:   dx = dy * act'(x)                   (x: the forward's input, not its output)
  *
- * Gated forms (geglu = gelu, reglu = relu, qgeglu = qgelu, sreglu = srelu, swiglu = silu).
+ * Gated forms (geglu = gelu, reglu = relu, qgeglu = qgelu, sreglu = srelu, swiglu = silu,
+ * glu = sigmoid).
  * The input's last dimension holds 2N values: the FIRST half a = x[..., :N] goes through the
  * activation, the SECOND half b = x[..., N:] is the linear gate. The output is [..., N]:
  *   gated_activation:    y = act(a) * b
@@ -53,7 +55,8 @@ typedef enum {
   kNVTEQGelu = 2,
   kNVTESRelu = 3,
   kNVTESilu = 4,
-  kNVTENumActivations = 5
+  kNVTESigmoid = 5,
+  kNVTENumActivations = 6
 } NVTEActivation;
 
 /* Name of an activation ("gelu", ...); "invalid" for out-of-range values. */
@@ -97,7 +100,22 @@ NVTE_DECLARE_ACTIVATION_(relu, reglu)
 NVTE_DECLARE_ACTIVATION_(qgelu, qgeglu)
 NVTE_DECLARE_ACTIVATION_(srelu, sreglu)
 NVTE_DECLARE_ACTIVATION_(silu, swiglu)
+NVTE_DECLARE_ACTIVATION_(sigmoid, glu)
 #undef NVTE_DECLARE_ACTIVATION_
+
+/* Clamped SwiGLU (the gated activation of gpt-oss), with parameters limit (finite, > 0) and
+ * alpha (finite). The input's last dimension holds 2N values, a = x[..., :N], b = x[..., N:]:
+ *   a' = min(a, limit),   b' = clamp(b, -limit, limit)
+ *   clamped_swiglu:   y = a' sigmoid(alpha a') (b' + 1)                          ([..., N])
+ *   clamped_dswiglu:  dx[..., :N] = dy (b' + 1) (s + alpha a s (1 - s))  where a <= limit, else 0
+ *                     dx[..., N:] = dy a' sigmoid(alpha a')        where -limit <= b <= limit, else 0
+ *                     (s = sigmoid(alpha a); dy [..., N], dx [..., 2N])
+ * The clamps pass the gradient where their input lies in the closed range. Dtypes and FP8
+ * outputs as for the gated forms above; no dbias form. */
+NVTEStatus nvte_clamped_swiglu(const NVTETensor* input, NVTETensor* output, float limit,
+                               float alpha, NVTEStream stream);
+NVTEStatus nvte_clamped_dswiglu(const NVTETensor* grad, const NVTETensor* input,
+                                NVTETensor* output, float limit, float alpha, NVTEStream stream);
 
 #ifdef __cplusplus
 }

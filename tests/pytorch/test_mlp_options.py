@@ -1,0 +1,61 @@
+"""LayerNormMLP options: checkpoint=True (the backward recomputes the forward) gives the same
+results as without it, activation_params reach clamped_swiglu, bad options are clear errors."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from module_cases import autocast
+from utils import DEVICES, randn
+
+
+def _pair(device, dtype, **kw):
+    torch.manual_seed(3)
+    a = te.LayerNormMLP(32, 64, params_dtype=dtype, device=device, **kw)
+    b = te.LayerNormMLP(32, 64, params_dtype=dtype, device=device, checkpoint=True, **kw)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+@pytest.mark.parametrize("activation", ["gelu", "swiglu", "glu", "clamped_swiglu"])
+def test_checkpoint_matches_plain(device, recipe, activation):
+    dtype = torch.bfloat16
+    plain, ckpt = _pair(device, dtype, activation=activation)
+    for step in range(2):  # the second step runs on scales the first one updated
+        x = randn((48, 32), dtype, device, seed=step, scale=2.0)
+        g = randn((48, 32), dtype, device, seed=step + 9)
+        outs = []
+        for m in (plain, ckpt):
+            xi = x.clone().requires_grad_(True)
+            with autocast(recipe):
+                y = m(xi)
+            y.backward(g)
+            outs.append((y.detach(), xi.grad))
+        torch.testing.assert_close(outs[1][0], outs[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=0)
+        for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clamped_swiglu_params_reach_the_kernel(device):
+    torch.manual_seed(0)
+    tight = te.LayerNormMLP(32, 64, activation="clamped_swiglu",
+                            activation_params={"limit": 0.25, "alpha": 1.0}, device=device)
+    loose = te.LayerNormMLP(32, 64, activation="clamped_swiglu", device=device)
+    loose.load_state_dict(tight.state_dict())
+    assert tight.fc1_weight.shape == (128, 32)
+    x = randn((16, 32), torch.float32, device, scale=3.0)
+    assert not torch.allclose(tight(x), loose(x))
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="LayerNormMLP: activation_params has \\['beta'\\]"):
+        te.LayerNormMLP(32, 64, activation="clamped_swiglu", activation_params={"beta": 2.0},
+                        device="cpu")
+    with pytest.raises(ValueError, match="only activation='clamped_swiglu' takes parameters"):
+        te.LayerNormMLP(32, 64, activation="gelu", activation_params={"limit": 2.0}, device="cpu")
+    with pytest.raises(ValueError, match="LayerNormMLP: activation_params limit=-1.0"):
+        te.LayerNormMLP(32, 64, activation="clamped_swiglu", activation_params={"limit": -1.0},
+                        device="cpu")

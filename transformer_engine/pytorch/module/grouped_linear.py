@@ -1,0 +1,248 @@
+"""te.GroupedLinear: num_gemms linear layers applied to consecutive row blocks of one input
+(the experts of a mixture-of-experts layer after token dispatch):
+
+    inp = [x_0; x_1; ...; x_{n-1}]   x_i: m_splits[i] rows        y_i = x_i @ W_i.T + b_i
+
+Each group runs the same GEMMs as te.Linear (see _gemms.py), in high precision or FP8, one
+after the other on the caller's stream, writing its rows of the output (and of the input
+gradient) in place: groups of different sizes need no padding in high
+precision, and FP8 (which needs every m_i to be a multiple of 16: see Fp8Padding) gives each
+group its own scaling slots (forward: input 2i and weight 2i+1; backward: output gradient i), as
+the per-GEMM recipe state of NV TE does. Empty groups (m_i == 0) launch nothing; their weight
+and bias gradients are zeros. The parameters are weight0, bias0, weight1, bias1, ... in that
+registration order.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Union
+
+import torch
+
+from . import _gemms, _parallel, _wgrad
+from ._casts import cast, check_fp8_dims, record_amax
+from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+
+_NAME = "GroupedLinear"
+
+
+def _check_splits(m_splits, num_gemms: int, rows: int):
+    if isinstance(m_splits, torch.Tensor):
+        m_splits = m_splits.tolist()  # sizes decide shapes: they are needed on the host
+    try:
+        splits = tuple(int(m) for m in m_splits)
+    except TypeError:
+        raise TypeError(f"{_NAME}.forward: m_splits is {type(m_splits).__name__}; expected a "
+                        f"sequence of {num_gemms} ints") from None
+    if len(splits) != num_gemms:
+        raise ValueError(f"{_NAME}.forward: m_splits has {len(splits)} entries; expected "
+                         f"num_gemms={num_gemms}")
+    if any(m < 0 for m in splits) or sum(splits) != rows:
+        raise ValueError(f"{_NAME}.forward: m_splits {list(splits)} must be non-negative and add up "
+                         f"to the input's {rows} rows")
+    return splits
+
+
+class _GroupedLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, splits, module, fi, dtype, is_first_microbatch, *params):
+        n = len(splits)
+        weights, biases = params[:n], params[n:]
+        in_features = weights[0].shape[1]
+        out_features = weights[0].shape[0]
+        x2d = inp.reshape(-1, in_features)
+        x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
+        need_dgrad = inp.requires_grad
+        need_wgrad = [w.requires_grad for w in weights]
+        fp8 = fi.fp8 and x2d.shape[0] > 0
+        if fp8:
+            check_fp8_dims(_NAME, 16, in_features, out_features)
+            bad = [m for m in splits if m % 16]
+            if bad:
+                raise ValueError(f"{_NAME}: FP8 needs every m_splits entry to be a multiple of 16; "
+                                 f"got {list(splits)} (pad the groups with te.Fp8Padding)")
+        y = torch.empty(x2d.shape[0], out_features, dtype=dtype, device=x2d.device)
+        saved = []
+        start = 0
+        for i, m in enumerate(splits):
+            rows = slice(start, start + m)
+            start += m
+            b = biases[i] if biases else None
+            if m == 0:
+                saved.append(None)
+                continue
+            x_i = x2d[rows]
+            if fp8:
+                xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i], fi.replay, fi.record)
+                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
+                                                     is_first_microbatch)
+                _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b, out=y[rows])
+                saved.append((xq_t, x_sinv, wq_t, w_sinv))
+            else:
+                w = hp_weight(weights[i], dtype)
+                if fi.calibrating:
+                    record_amax(fi.rs, x_i, True, 2 * i)
+                    record_amax(fi.rs, w, True, 2 * i + 1)
+                _gemms.fprop_hp(w, x_i, b, out=y[rows])
+                saved.append((x_i if need_wgrad[i] else None, w if need_dgrad else None))
+        ctx.groups = saved  # per-group operands (a list: None entries for empty groups)
+        ctx.splits, ctx.fp8, ctx.fi, ctx.dtype, ctx.module = splits, fp8, fi, dtype, module
+        ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
+        ctx.bias_grad = [b.requires_grad for b in biases] if biases else None
+        ctx.bias_dtypes = [b.dtype for b in biases] if biases else None
+        fuse = module.fuse_wgrad_accumulation
+        ctx.weights = weights if fuse or module.delay_wgrad_compute else [None] * n
+        ctx.shapes = (inp.shape, out_features, in_features)
+        return y.view(*inp.shape[:-1], out_features)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inp_shape, out_features, in_features = ctx.shapes
+        module, fi, dtype = ctx.module, ctx.fi, ctx.dtype
+        fuse = module.fuse_wgrad_accumulation
+        dy = grad_out.reshape(-1, out_features)
+        dy = (dy if dy.dtype == dtype else dy.to(dtype)).contiguous()
+        n = len(ctx.splits)
+        dx = (torch.empty(dy.shape[0], in_features, dtype=dtype, device=dy.device)
+              if ctx.need_dgrad else None)
+        dws, dbs = [None] * n, [None] * n
+        start = 0
+        for i, m in enumerate(ctx.splits):
+            rows = slice(start, start + m)
+            start += m
+            weight = ctx.weights[i]
+            if ctx.bias_grad is not None and ctx.bias_grad[i]:
+                dbs[i] = (_gemms.bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
+                          torch.zeros(out_features, dtype=ctx.bias_dtypes[i], device=dy.device))
+            if m == 0:
+                if ctx.need_wgrad[i]:
+                    dws[i] = _wgrad.weight_grad(module, weight, fuse, lambda: None if fuse else
+                                                torch.zeros(out_features, in_features, dtype=dtype,
+                                                            device=dy.device))
+                continue
+            dy_i = dy[rows]
+            group = ctx.groups[i]
+            if ctx.fp8:
+                xq_t, x_sinv, wq_t, w_sinv = group
+                dyq, dyq_t, dy_sinv = cast(fi.rs, dy_i, False, i, ctx.need_wgrad[i])
+                if ctx.need_dgrad:
+                    _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, dtype, out=dx[rows])
+                if ctx.need_wgrad[i]:
+                    dws[i] = _wgrad.weight_grad(module, weight, fuse, _fp8_wgrad(
+                        xq_t, x_sinv, dyq_t, dy_sinv, dtype, weight, fuse))
+            else:
+                x_i, w = group
+                if fi.calibrating:
+                    record_amax(fi.rs, dy_i, False, i)
+                if ctx.need_dgrad:
+                    _gemms.dgrad_hp(w, dy_i, out=dx[rows])
+                if ctx.need_wgrad[i]:
+                    dws[i] = _wgrad.weight_grad(module, weight, fuse, _hp_wgrad(
+                        x_i, dy_i, weight, fuse, out_features, in_features))
+        ctx.groups = None
+        if fi.step is not None:
+            fi.step.backward_finished()
+        if dx is not None:
+            dx = dx.view(inp_shape)
+        bias_grads = dbs if ctx.bias_grad is not None else []
+        return (dx, None, None, None, None, None, *dws, *bias_grads)
+
+
+# The queued (or immediate) wgrad GEMMs bind their operands here, not in a loop's closure.
+def _fp8_wgrad(xq_t, x_sinv, dyq_t, dy_sinv, dtype, weight, fuse):
+    return lambda: _gemms.wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, dtype, weight, fuse)
+
+
+def _hp_wgrad(x_i, dy_i, weight, fuse, out_features, in_features):
+    return lambda: _gemms.wgrad_hp(x_i, dy_i, weight, fuse, out_features, in_features)
+
+
+class GroupedLinear(TransformerEngineBaseModule):
+    """num_gemms linear layers y_i = x_i W_i^T + b_i over the row blocks of one input, sized by
+    forward's m_splits."""
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int,
+                 sequence_parallel: bool = False, fuse_wgrad_accumulation: bool = False,
+                 tp_group=None, tp_size: int = 1, get_rng_state_tracker: Optional[Callable] = None,
+                 rng_tracker_name: Optional[str] = None, init_method: Optional[Callable] = None,
+                 bias: bool = True, return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 device: Union[torch.device, str, None] = None, ub_overlap_rs: bool = False,
+                 ub_overlap_ag: bool = False, ub_name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, save_original_input: bool = False,
+                 name: Optional[str] = None):
+        super().__init__()
+        if not isinstance(num_gemms, int) or num_gemms < 1:
+            raise ValueError(f"{_NAME}: num_gemms is {num_gemms!r}; expected a positive int")
+        if ub_overlap_rs or ub_overlap_ag:
+            raise ValueError(f"{_NAME}: ub_overlap_rs/ub_overlap_ag (userbuffer overlap) are not "
+                             "supported; pass False")
+        _parallel.check_parallel_mode(_NAME, parallel_mode)
+        self.num_gemms = num_gemms
+        self.fp8_slots = (2 * num_gemms, num_gemms)  # per group: input, weight; output gradient
+        self.tp_group = tp_group
+        self.tp_size = _parallel.resolve_tp(tp_group, tp_size)
+        if self.tp_size > 1 and bias:
+            raise ValueError(f"{_NAME}: bias=True with tensor parallelism (tp_size="
+                             f"{self.tp_size}) is not supported: the TP communication happens "
+                             "outside this module; pass bias=False")
+        self.parallel_mode = parallel_mode
+        self.sequence_parallel = sequence_parallel and self.tp_size > 1
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
+        self.save_original_input = save_original_input
+        self.use_bias, self.return_bias = bias, return_bias
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.ub_name, self.name = ub_name, name
+        self.in_features, self.out_features = _parallel.split_features(
+            _NAME, in_features, out_features, parallel_mode, self.tp_size)
+        self.init_method = init_method or default_init_method()
+        device = default_device(device)
+        for i in range(num_gemms):
+            w = self.make_weight((self.out_features, self.in_features), self.params_dtype, device,
+                                 self._init_weight)
+            self.register_parameter(f"weight{i}", w)
+            b = (torch.nn.Parameter(torch.zeros(self.out_features, dtype=self.params_dtype,
+                                                device=device)) if bias else None)
+            self.register_parameter(f"bias{i}", b)
+            if self.parallel_mode in ("column", "row") and self.tp_size > 1:
+                _parallel.dist_te.set_tensor_model_parallel_attributes(
+                    w, True, 0 if parallel_mode == "column" else 1, 1)
+        _wgrad.mark_delayed_params(self)
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        with torch.no_grad():
+            for name, p in self.named_parameters(recurse=False):
+                if name.startswith("weight"):
+                    self._init_weight(p)
+                else:
+                    p.zero_()
+        self._quantize_deferred_weights()
+
+    def _weights(self) -> List[torch.Tensor]:
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def _biases(self) -> List[torch.Tensor]:
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)] if self.use_bias else []
+
+    def forward(self, inp: torch.Tensor, m_splits: Sequence[int],
+                is_first_microbatch: Optional[bool] = None):
+        """y = [x_i @ W_i.T + b_i for the row blocks x_i of inp sized by m_splits], as one tensor
+        of inp's leading shape (with return_bias: (y, [b_0, ..., b_{n-1}]))."""
+        if not isinstance(inp, torch.Tensor) or inp.dim() < 1 or inp.shape[-1] != self.in_features:
+            shape = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
+            raise ValueError(f"{_NAME}.forward: inp has shape {shape}; expected [..., "
+                             f"{self.in_features}] (in_features)")
+        rows = inp.numel() // self.in_features
+        splits = _check_splits(m_splits, self.num_gemms, rows)
+        dtype = self.activation_dtype(inp)
+        fi = self.fp8_call_info(inp.device)
+        biases = self._biases()
+        gemm_biases = biases if not self.return_bias else []
+        out = _GroupedLinearFn.apply(inp, splits, self, fi, dtype, is_first_microbatch,
+                                     *self._weights(), *gemm_biases)
+        if self.return_bias:
+            return out, [b.to(out.dtype) for b in biases]
+        return out
