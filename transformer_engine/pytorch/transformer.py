@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
-from .attention.context_parallel import set_context_parallel_group_of
+from .attention.dot_product_attention import set_context_parallel_group_of
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 
 _OP = "TransformerLayer"

@@ -305,3 +305,12 @@ class DotProductAttention(torch.nn.Module):
         mask_type = {"causal": "causal_bottom_right",
                      "padding_causal": "padding_causal_bottom_right"}.get(mask_type, mask_type)
         return q, k, v, "bshd", mask_type
+
+
+def set_context_parallel_group_of(module: torch.nn.Module, cp_group, cp_global_ranks=None, cp_stream=None,
+                                  cp_comm_type: str = "p2p") -> None:
+    """Give every DotProductAttention inside `module` the context-parallel group (what
+    MultiheadAttention.set_context_parallel_group and TransformerLayer's do)."""
+    for m in module.modules():
+        if isinstance(m, DotProductAttention):
+            m.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)

@@ -18,9 +18,8 @@ import torch
 
 from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
-from .dot_product_attention import DotProductAttention, _tp_world_size
+from .dot_product_attention import DotProductAttention, _tp_world_size, set_context_parallel_group_of
 from .rope import apply_rotary_pos_emb
-from .context_parallel import set_context_parallel_group_of
 
 _OP = "MultiheadAttention"
 

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from . import _gemms, _parallel, _wgrad
+from . import _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -95,7 +95,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
                 dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
                     ln_saved, dy, ctx.weight, fuse, out_features, in_features))
             if db_dtype is not None and db is None:
-                db = _gemms.bias_grad_of(dy, db_dtype)
+                db = _reduce.bias_grad_of(dy, db_dtype)
         if fi.step is not None:
             fi.step.backward_finished()
         dx = dgamma = dbeta = None

@@ -18,7 +18,7 @@ from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _fast, _gemms, _parallel, _wgrad
+from . import _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -119,7 +119,7 @@ def _dact(module, da, h, b1_grad, dtype):
     act = module.activation
     if _gated(act):
         dh = _act_backward(module, da, h)
-        return dh, (_gemms.bias_grad_of(dh, dtype) if b1_grad else None)
+        return dh, (_reduce.bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 
@@ -236,7 +236,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
                     a_t, dy, ctx.weights[1], fuse, *w2_shape))
             if db2_dtype is not None and db2 is None:
-                db2 = _gemms.bias_grad_of(dy, db2_dtype)
+                db2 = _reduce.bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:

@@ -11,7 +11,7 @@ from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from ..tensor import Float8Tensor
 from ..library import dispatch as K
-from . import _fast, _gemms, _parallel, _wgrad
+from . import _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 
 
@@ -109,7 +109,7 @@ class _LinearFn(torch.autograd.Function):
         # high precision on the direct path: linear_hp_backward makes the bias gradient too (the
         # epilogue, or the column-sum kernels in the same call)
         native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
-        db = (_gemms.bias_grad_of(dy, ctx.bias_dtype)
+        db = (_reduce.bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
