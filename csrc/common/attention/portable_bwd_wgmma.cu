@@ -243,8 +243,12 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   float* dq_s = reinterpret_cast<float*>(smem + Shape::kDq);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Shape::kBars);
   uint64_t* full = bars;                 // stage st loaded: the producer warp's 32 lanes
-  uint64_t* empty = bars + STAGES;       // stage st read: the 8 MMA warps
-  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 8 MMA warps (split: 4 of wg 1)
+  // every thread that read a stage or wrote the dQ tile arrives itself: each of its accesses
+  // is then ordered before the producer's next write / read by its own release (one arrival
+  // a warp after __syncwarp also orders them in the PTX memory model, through the warp
+  // barrier, but compute-sanitizer's racecheck does not follow that chain)
+  uint64_t* empty = bars + STAGES;       // stage st read: the 256 MMA threads
+  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 256 MMA threads (split: wg 1's)
   uint64_t* dq_empty = dq_full + 1;       // dQ tile read by the reduction: the producer
 
   // 1D grid of k_tiles x pairs blocks in grouped order (grouped_pairs): group, then key tile,
@@ -263,9 +267,9 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(full + st, tc::kLanes);
-      mbar_init(empty + st, Shape::NT_MMA / tc::kLanes);
+      mbar_init(empty + st, Shape::NT_MMA);
     }
-    mbar_init(dq_full, (Shape::SPLIT_DQ ? wgmma::kWarpgroup : Shape::NT_MMA) / tc::kLanes);
+    mbar_init(dq_full, Shape::SPLIT_DQ ? wgmma::kWarpgroup : Shape::NT_MMA);
     mbar_init(dq_empty, 1);
   }
   __syncthreads();
@@ -553,8 +557,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::pin(dv);
     wgmma::pin(p);
     wgmma::pin(ds);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + st);  // this warp is done with the stage
+    mbar_arrive(empty + st);  // this thread is done with the stage
     // split: warpgroup 1 adds its partial to the one warpgroup 0 stored. The two roles differ
     // only by predicates (no branch around the stores: two code paths here cost the register
     // allocator ~30 spilled registers in the loop)
@@ -565,9 +568,8 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     if constexpr (Shape::SPLIT_DQ) barrier_sync_if(5, Shape::NT_MMA, adds);
     store_dq(dq, adds);
     wgmma::fence_async_shared();  // the dQ tile, visible to the bulk reduction
-    __syncwarp();
     if constexpr (Shape::SPLIT_DQ) barrier_arrive_if(5, Shape::NT_MMA, !adds);
-    if (lane == 0 && (adds || !Shape::SPLIT_DQ)) mbar_arrive(dq_full);
+    if (adds || !Shape::SPLIT_DQ) mbar_arrive(dq_full);
   }
   tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(dk),
                       static_cast<T*>(a.dk) + kv_head, a.kv_tok_stride, k0 + key_row0, geo.lk,

@@ -311,6 +311,17 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   auto pass_turn = [&] {
     if constexpr (Shape::TAKE_TURNS) wgmma::barrier_arrive(1 + (wg + 1) % NWG, kTurnThreads);
   };
+  // whether any row of this warpgroup needs its O rescaled: one answer for its four warps, on
+  // barrier kVote + wg (past the turns' barriers; constant ids let ptxas count them).
+  // __any_sync only tells the compiler that the answer is uniform across the warp.
+  constexpr int kVote = Shape::TAKE_TURNS ? 1 + NWG : 1;
+  static_assert(NWG == 2 || NWG == 3, "vote barriers for two or three warpgroups");
+  auto rescale_any = [&](bool mine) {
+    const bool any = wg == 0                ? wgmma::warpgroup_any(kVote, mine)
+                     : NWG == 2 || wg == 1 ? wgmma::warpgroup_any(kVote + 1, mine)
+                                           : wgmma::warpgroup_any(kVote + 2, mine);
+    return __any_sync(0xffffffffu, any);
+  };
   if (tiles > 0) {
     if (Shape::TAKE_TURNS && wg == NWG - 1) pass_turn();
     next_copies(0);
@@ -346,8 +357,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
       // WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of every MUFU.EX2), so the exponentials never
       // overlapped the P V product. A block boundary is what keeps it after them.
       // alpha is exactly 1 where the row max did not move (most tiles after the first few):
-      // the warp skips the multiply then (also keeps ptxas from serialising the products, C7513)
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      // the warpgroup skips the multiply then (also keeps ptxas from serialising the products,
+      // C7513). The branch holds a wait_group, so the whole warpgroup decides together
+      // (rescale_any); a warp's own vote let one warp wait here and another below.
+      if (rescale_any(alpha[0] != 1.f || alpha[1] != 1.f)) {
         wgmma::wait<0>();
         wgmma::pin(o);
 #pragma unroll
