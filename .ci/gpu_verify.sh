@@ -58,13 +58,14 @@ fi
 sanitize() {  # tool suite command...
   local tool=$1 suite=$2; shift 2
   local extra=()
-  # racecheck and synccheck follow mbarriers (the wgmma backward's stages) only as far as
-  # their table of tracked barriers a block reaches; the automatic size overflows here ("Detected
-  # overflow of tracked cuda::barrier structures"), after which synccheck's context fails and
-  # racecheck no longer sees the mbarrier ordering (it then reports every stage handed over)
+  # racecheck and synccheck track mbarriers (the wgmma backward's stages, cuDNN's kernels) in a
+  # table of --num-cuda-barriers a block. With the automatic size racecheck lost the backward's
+  # mbarriers and reported thousands of hazards on its stages, none with 64; synccheck still
+  # overflowed at 64 in cuDNN's backward ("Detected overflow of tracked cuda::barrier
+  # structures"), after which the context fails and the later tests with it
   case $tool in
-    racecheck) extra=(--racecheck-report analysis --num-cuda-barriers 64) ;;
-    synccheck) extra=(--num-cuda-barriers 64) ;;
+    racecheck) extra=(--racecheck-report analysis --num-cuda-barriers 1024) ;;
+    synccheck) extra=(--num-cuda-barriers 1024) ;;
   esac
   timeout "${SANITIZE_TIMEOUT:-900}" "$SANITIZER" --tool "$tool" --print-limit 100000 "${extra[@]}" \
     --log-file "$OUT/sanitize_${tool}_${suite}.log" "$@" > "$OUT/sanitize_${tool}_${suite}.out" 2>&1

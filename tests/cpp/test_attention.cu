@@ -138,7 +138,9 @@ void run_backend(NVTEAttnBackend backend, bool causal, const Dims& s = Dims(),
   DeviceBuffer<float> dlse(size_t(s.b * s.hq * s.sq));
   // Outputs and workspace start as finite garbage (0x55 bytes: 85.3 in fp16, 1.5e13 in fp32),
   // not as memory nothing wrote: an output element a backend forgets fails the comparisons
-  // below, and compute-sanitizer's initcheck sees no read of unwritten memory.
+  // below, and compute-sanitizer's initcheck finds no read of unwritten memory (left unwritten,
+  // it reported reads inside cuDNN's backward, in its dO . O row-sum kernel
+  // compute_dot_do_o_specialized, of bytes the test had not written; filled, none).
   for (DeviceBuffer<__half>* out : {&dout, &ddq, &ddk, &ddv}) out->fill_bytes(0x55);
   dlse.fill_bytes(0x55);
   NVTETensor tq = desc(dq_in.ptr, {s.b, s.sq, s.hq, s.d}, kNVTEFloat16);
