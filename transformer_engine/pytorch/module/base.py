@@ -75,6 +75,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
                                    None, None, None)
             rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
+            rs.owner = type(self).__name__
             if self._pending_fp8_extra_state is not None:
                 rs.load_dict(self._pending_fp8_extra_state)
                 self._pending_fp8_extra_state = None
@@ -141,9 +142,17 @@ class TransformerEngineBaseModule(torch.nn.Module):
             if p is not None and p.device != rs.device and p.device.type != "meta":
                 saved = rs.to_dict()
                 self._fp8_state = q.RecipeState(rs.recipe, p.device, *self.fp8_slots)
+                self._fp8_state.owner = rs.owner
                 self._fp8_state.load_dict({k: v.to(p.device) for k, v in saved.items()
                                            if isinstance(v, torch.Tensor)})
         return out
+
+    def fp8_skipped_updates(self) -> int:
+        """How many FP8 scale updates of this module were skipped because an amax was NaN or
+        infinite (0 before any FP8 step). Reading it waits for the device; the first non-zero
+        answer also warns. See `transformer_engine.pytorch.quantization`."""
+        rs = self._fp8_state
+        return 0 if rs is None or not hasattr(rs, "_skipped_fwd") else rs.skipped_updates()
 
     # -- checkpoints: FP8 metadata as extra state; checkpoints without it still load
     def get_extra_state(self):
