@@ -7,6 +7,7 @@ transformer_engine/build_info.json, which `python -m transformer_engine info` sh
 import json
 import os
 import sys
+import warnings
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -49,8 +50,14 @@ class BuildPyWithSummary(build_py):
 
 PLAN = plan_build()
 print(PLAN.describe())
+
+
+class TransformerEngineBuildWarning(UserWarning):
+    """The toolchain found could not be used (pip shows a build backend's Python warnings)."""
+
+
 for warning in PLAN.warnings:
-    print(f"WARNING: transformer_engine: {warning}", file=sys.stderr)
+    warnings.warn(f"transformer_engine: {warning}", TransformerEngineBuildWarning, stacklevel=1)
 ext_modules = [] if PLAN.backend == "none" else [Extension("transformer_engine._native", sources=[])]
 
 setup(

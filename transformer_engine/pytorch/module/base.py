@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._input_check import call_checked
 from .. import quantization as q
 from ..quantization import FP8GlobalState
 from ..tensor import Float8Tensor
@@ -54,6 +55,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _remember_device(self, device: torch.device) -> None:
         if device.type == "cuda":
             q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)
 
     # -- FP8 per call
     def fp8_call_info(self, device: torch.device) -> FP8CallInfo:
