@@ -68,6 +68,40 @@ class BuildPlan:
 
 # ----- toolchain discovery ----------------------------------------------------------------------
 
+_HOST_PATHS: list = []
+
+
+def host_site_paths() -> list:
+    """sys.path of this interpreter as the user's environment sees it. Under pip's build
+    isolation the build runs with only the build requirements importable; the frameworks and
+    the nvidia-* wheels the native build looks for are in the user's environment, which the
+    same interpreter shows when started isolated from PYTHONPATH (-I)."""
+    if not _HOST_PATHS:
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        try:
+            out = subprocess.run([sys.executable, "-I", "-c", "import sys; print('\\n'.join(sys.path))"],
+                                 capture_output=True, text=True, timeout=60).stdout
+            paths += [p for p in out.splitlines() if p and os.path.isdir(p)]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        paths += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        _HOST_PATHS.extend(dict.fromkeys(paths))
+    return list(_HOST_PATHS)
+
+
+def find_package_dir(name: str) -> str | None:
+    """The folder of an installed top-level package, in this process or the user's environment,
+    found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    for root in host_site_paths():
+        cand = os.path.join(root, name)
+        if os.path.isfile(os.path.join(cand, "__init__.py")):
+            return cand
+    return None
+
+
 def _home_of(tool_path: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(tool_path)))
 
@@ -94,9 +128,7 @@ def find_tool(name: str, home_vars: tuple, default_home: str, env) -> tuple:
 def cublas_search_dirs(cuda_home: str | None) -> list:
     """cuBLASLt comes from the nvidia-cublas wheel (nvidia/cu13 or nvidia/cublas) or the toolkit."""
     dirs = []
-    roots = [p for p in sys.path if p and os.path.isdir(p)]
-    roots += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for root in dict.fromkeys(roots):
+    for root in host_site_paths():
         for sub in ("nvidia/cu13", "nvidia/cublas", "nvidia/cu12"):
             cand = os.path.join(root, sub)
             if os.path.isdir(os.path.join(cand, "lib")):
@@ -182,9 +214,9 @@ def _frameworks(env) -> tuple:
     value = env.get("NVTE_FRAMEWORK", "").strip().lower()
     if value in ("", "auto"):
         found = []
-        if importlib.util.find_spec("torch") is not None:
+        if find_package_dir("torch") is not None:
             found.append("pytorch")
-        if importlib.util.find_spec("jax") is not None:
+        if find_package_dir("jax") is not None:
             found.append("jax")
         return tuple(found)
     if value == "all":

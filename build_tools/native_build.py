@@ -16,9 +16,8 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 
-from .backend import BuildPlan, cublas_search_dirs, plan_build
+from .backend import BuildPlan, cublas_search_dirs, find_package_dir, host_site_paths, plan_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTPUT_GLOBS = ("libtransformer_engine.so", "_native*.so")  # _native*: also _native_jax
@@ -31,12 +30,10 @@ def xla_ffi_include_dir() -> str | None:
     given = os.environ.get("NVTE_XLA_FFI_INCLUDE")
     if given:
         return given
-    import importlib.util
-    spec = importlib.util.find_spec("jaxlib")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        cand = os.path.join(root, "include")
-        if os.path.isfile(os.path.join(cand, "xla", "ffi", "api", "ffi.h")):
-            return cand
+    root = find_package_dir("jaxlib")  # also under pip's build isolation (see backend.py)
+    cand = os.path.join(root, "include") if root else None
+    if cand and os.path.isfile(os.path.join(cand, "xla", "ffi", "api", "ffi.h")):
+        return cand
     return None
 
 
@@ -44,9 +41,7 @@ def cudnn_search_dirs() -> list:
     """cudnn.h from the nvidia-cudnn-cu13 wheel (nvidia/cudnn) and the nvidia-cudnn-frontend
     headers (installed as <site-packages>/include); both optional (attention's cuDNN backend)."""
     dirs = []
-    roots = [p for p in sys.path if p and os.path.isdir(p)]
-    roots += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for root in dict.fromkeys(roots):
+    for root in host_site_paths():
         for sub in ("nvidia/cudnn", "nvidia/cu13", ""):
             cand = os.path.join(root, sub) if sub else root
             if os.path.isfile(os.path.join(cand, "include", "cudnn.h")) or \
