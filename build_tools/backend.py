@@ -164,7 +164,8 @@ def _nvcc_compiles(nvcc: str, arch: str) -> tuple:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, str(exc)
     if res.returncode != 0:
-        return False, (res.stderr or res.stdout).strip().splitlines()[-1:] or ["failed"]
+        lines = (res.stderr or res.stdout).strip().splitlines()
+        return False, lines[-1] if lines else f"exit status {res.returncode}"
     return True, ""
 
 

@@ -80,3 +80,24 @@ def test_foreign_build_directory_is_started_afresh(tmp_path):
     native_build._reset_if_foreign(str(d), {**key, "args": ["-GNinja", "-DNVTE_CUDA_ARCHS=90a"]})
     assert not (d / "objects").exists()
     assert json.loads((d / "build_key.json").read_text())["args"][-1] == "-DNVTE_CUDA_ARCHS=90a"
+
+
+def test_working_toolchain_gives_cuda(tmp_path, monkeypatch):
+    """nvcc that compiles, cuBLASLt and a driver: the CUDA backend, the reason naming all three."""
+    monkeypatch.setattr(backend, "cublas_search_dirs", lambda home: [home])
+    monkeypatch.setattr(backend, "_cuda_driver_present", lambda: True)
+    monkeypatch.setattr(backend, "_nvcc_compiles", lambda nvcc, arch: (True, ""))
+    nvcc = _fake_tool(str(tmp_path / "cuda"), "nvcc")
+    os.makedirs(tmp_path / "cuda" / "lib")
+    (tmp_path / "cuda" / "lib" / "libcublasLt.so.13").write_text("")
+    plan = backend.plan_build(_env(tmp_path, CUDA_HOME=str(tmp_path / "cuda"), NVTE_FRAMEWORK="none"))
+    assert (plan.backend, plan.compiler, plan.warnings) == ("cuda", nvcc, ())
+    assert "compiles" in plan.reason and "cuBLASLt" in plan.reason and "driver" in plan.reason
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit at /usr/local/cuda")
+def test_real_nvcc_compiles_the_probe():
+    ok, why = backend._nvcc_compiles("/usr/local/cuda/bin/nvcc", "90a")
+    assert ok, why
+    ok, why = backend._nvcc_compiles("/usr/local/cuda/bin/nvcc", "1")  # no such arch
+    assert not ok and isinstance(why, str) and why
