@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The one GPU verification script (run on the lent H100/H200 through the device tool):
+# The one GPU verification script (an NVIDIA H100/H200 machine):
 # builds from a clean tree, runs the Python suites on the GPU, the C API tests, and the
 # benchmarks, and prints a short summary last. Results land in $OUT.
 #
 #   bash .ci/gpu_verify.sh                       everything
 #   PYTEST_ARGS="tests/pytorch/test_quantize.py" BENCHES="benchmarks/bench_quantize.py" bash .ci/gpu_verify.sh
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
-#   SKIP_BUILD=1 ... use the package a previous call installed on this (still warm) machine
+#   SKIP_BUILD=1 ... use the package an earlier run installed on this machine
 #   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below)
 #
 # compute-sanitizer: memcheck, racecheck, synccheck and initcheck, each over the C API tests
@@ -14,9 +14,9 @@
 # $OUT/sanitize_<tool>_<cpp|py>.log; .ci/sanitizer_summary.py counts the findings, ours (te::)
 # apart, into $OUT/sanitize_summary.txt and the final summary. Ours must be zero.
 #
-# The GPU machine has no internet: the header-only cudnn-frontend travels with the tree in the
-# git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
-# -d /tmp/fe && unzip -q /tmp/fe/*.whl 'include/*' -d .cudnn_fe; carry it in the device call).
+# For a GPU machine without internet access, the header-only cudnn-frontend can travel with the
+# tree in the git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
+# -d /tmp/fe && unzip -q /tmp/fe/*.whl 'include/*' -d .cudnn_fe; copy it along with the tree).
 # The build looks for include/cudnn_frontend.h on sys.path, hence PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."

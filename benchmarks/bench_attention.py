@@ -10,7 +10,7 @@ or refusing the shape) is reported with its reason, not timed. Calls are timed a
 CUDA graph of ten calls (kernel time alone, for every contender); slow calls (> 50 ms) with fewer
 repetitions and without graph capture.
 
-Only the GPT block (issue 7's TransformerLayer step): --filter gpt_block (or run
+Only the GPT block (a TransformerLayer step): --filter gpt_block (or run
 benchmarks/attention_cases/transformer_layer.py, which also records the bars in its JSON).
 Kernel-level breakdown of the block: benchmarks/profile_modules.py --module TransformerLayer
 --recipe bf16, and --module PlainBlock [--compile] for the torch peer.

@@ -10,6 +10,11 @@ the delayed-scaling primitive). So after `grads = jax.grad(loss)(params, fp8_var
 FP8 variables are the gradients of the FP8 collection: `fp8_vars = update_fp8_metas(grads)`.
 A module applied more than once in one step receives the sum of its updates (not supported).
 Current scaling needs no state: each cast uses fp8_max / amax of its own tensor.
+
+A step whose amax is NaN or infinite leaves delayed scaling alone: that amax never enters the
+history and the scale stays the last finite one (kernels.delayed_scaling_update, the custom call
+and the PyTorch frontend agree bit for bit; their `skipped=` argument counts such steps).
+Current scaling, which keeps no state here, casts such a tensor with scale 1.
 """
 from __future__ import annotations
 

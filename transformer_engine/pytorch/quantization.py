@@ -18,10 +18,19 @@ Life of one training step with DelayedScaling:
     read of a forward scale or history (`RecipeState.scale_fwd`, ..., `state_dict`) run a
     deferred update first, and no kernel of the step's backward reads or writes forward state.
 Float8CurrentScaling needs no history: each cast computes its amax first, then the scale.
+
+A bad step (an amax that is NaN or infinite, e.g. an overflowed gradient) leaves the scaling
+alone: the non-finite amax never enters the history and the tensor keeps the scale of its last
+finite update, for both recipes (NVIDIA TE lets it into the history, where it freezes the scale
+for up to amax_history_len steps). Each skip is counted on the device, in an int32 per tensor
+(`RecipeState.skipped_updates()`, `module.fp8_skipped_updates()`); the warning, once per module
+and recipe, comes when the counter is read or the state saved (`state_dict`), or right after the
+update on CPU tensors, so no step waits for the device.
 """
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -317,6 +326,8 @@ class RecipeState:
         self.fwd_max = fp8_formats.fp8_max(fmt.value.fwd, flavor)
         self.bwd_max = fp8_formats.fp8_max(fmt.value.bwd, flavor)
         self.step_id = None
+        self.owner = "an FP8 module"  # the module's class name, set by the module (for warnings)
+        self._warned_skips = 0
         self._ptrs = None
         self._on_native = None
         self.eager_call_info = None  # module/base.py: fp8_call_info's answer for plain FP8 calls
@@ -334,6 +345,9 @@ class RecipeState:
         # current scaling: one int32 per direction that nvte_current_scaling_scales counts its
         # blocks in (zero between launches)
         self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        # updates skipped for a non-finite amax, per tensor (see the module docstring)
+        self._skipped_fwd = torch.zeros(n_fwd, dtype=torch.int32, device=device)
+        self.skipped_bwd = torch.zeros(n_bwd, dtype=torch.int32, device=device)
         self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
@@ -373,6 +387,12 @@ class RecipeState:
                 state["_" + name] = state.pop(name)
         if "counters" not in state and "_scale_fwd" in state:
             state["counters"] = torch.zeros(2, dtype=torch.int32, device=state["_scale_fwd"].device)
+        if "_skipped_fwd" not in state and "_scale_fwd" in state:
+            dev = state["_scale_fwd"].device
+            state["_skipped_fwd"] = torch.zeros(state["_scale_fwd"].numel(), dtype=torch.int32, device=dev)
+            state["skipped_bwd"] = torch.zeros(state["scale_bwd"].numel(), dtype=torch.int32, device=dev)
+        state.setdefault("owner", "an FP8 module")
+        state.setdefault("_warned_skips", 0)
         self.__dict__.update(state)
 
     def _pointers(self):
@@ -391,11 +411,42 @@ class RecipeState:
         descs = self._update_descs
         if descs is None:
             descs = self._update_descs = tuple(
-                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
+                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m),
+                 sk.data_ptr())
                 if h.shape[1] else None
-                for h, sc, si, m in ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max),
-                                     (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max)))
+                for h, sc, si, m, sk in self._groups())
         return descs[0 if forward else 1]
+
+    def _groups(self):
+        """(history, scale, scale_inv, fp8_max, skipped) of the forward and the backward."""
+        return ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max,
+                 self._skipped_fwd),
+                (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max,
+                 self.skipped_bwd))
+
+    # -- updates skipped for a non-finite amax
+    def skipped_updates(self) -> int:
+        """How many scale updates of this state's tensors were skipped because the amax was NaN
+        or infinite. Reading it waits for the device; it also warns (once) when not zero."""
+        if _DEFERRED:
+            flush_deferred_updates()
+        total = int(self._skipped_fwd.sum().item() + self.skipped_bwd.sum().item())
+        self._warn_skipped(total)
+        return total
+
+    def _warn_skipped(self, total: int) -> None:
+        if total > 0 and self._warned_skips == 0:
+            self._warned_skips = total
+            warnings.warn(
+                f"{self.owner}: {total} FP8 scale update(s) with {type(self.recipe).__name__} were "
+                f"skipped because an amax was NaN or infinite (a step with non-finite values); the "
+                f"affected tensors keep the scale of their last finite update", RuntimeWarning,
+                stacklevel=3)
+
+    def warn_if_skipped_on_cpu(self) -> None:
+        """After an update on CPU tensors, where reading the counter costs no device wait."""
+        if self.device.type == "cpu" and self._warned_skips == 0:
+            self._warn_skipped(int(self._skipped_fwd.sum() + self.skipped_bwd.sum()))
 
     @property
     def ptrs_fwd(self):
@@ -427,16 +478,23 @@ class RecipeState:
         amax = (self.fwd_amax if forward else self.bwd_amax)[i]
         scale = (self.fwd_scale if forward else self.bwd_scale)[i]
         scale_inv = (self._scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
+        skipped = (self._skipped_fwd if forward else self.skipped_bwd)[i:i + 1]
         compute_current_scale(x, amax, scale, scale_inv, self.fwd_max if forward else self.bwd_max,
-                              self.recipe.use_power_2_scales)
+                              self.recipe.use_power_2_scales, skipped)
+        if x.device.type == "cpu":
+            self.warn_if_skipped_on_cpu()
         return scale
 
     # -- checkpoint I/O
     def to_dict(self) -> dict:
+        if self._warned_skips == 0:
+            self.skipped_updates()  # saving is a natural point to wait for the device and warn
         return {"recipe": self.key[0], "amax_history_fwd": self.amax_history_fwd.clone(),
                 "amax_history_bwd": self.amax_history_bwd.clone(),
                 "scale_fwd": self.scale_fwd.clone(), "scale_bwd": self.scale_bwd.clone(),
-                "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone()}
+                "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone(),
+                "skipped_updates_fwd": self._skipped_fwd.clone(),
+                "skipped_updates_bwd": self.skipped_bwd.clone()}
 
     def load_dict(self, d: dict) -> None:
         if _DEFERRED:
@@ -444,6 +502,10 @@ class RecipeState:
         for name in ("scale_fwd", "scale_bwd", "scale_inv_fwd", "scale_inv_bwd"):
             if name in d and d[name].shape == getattr(self, name).shape:
                 getattr(self, name).copy_(d[name])
+        for name, dst in (("skipped_updates_fwd", self._skipped_fwd),
+                          ("skipped_updates_bwd", self.skipped_bwd)):
+            if name in d and d[name].shape == dst.shape:
+                dst.copy_(d[name])
         for name in ("amax_history_fwd", "amax_history_bwd"):
             if name in d:
                 src, dst = d[name], getattr(self, name)
@@ -454,8 +516,11 @@ class RecipeState:
 
 
 def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor,
-                          scale_inv: torch.Tensor, fp8_max: float, power_2: bool) -> None:
-    """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero.
+                          scale_inv: torch.Tensor, fp8_max: float, power_2: bool,
+                          skipped: Optional[torch.Tensor] = None) -> None:
+    """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero. A
+    non-finite amax keeps the scale as it was (the last finite one) and adds one to `skipped`
+    (int32 [1], optional), as the delayed-scaling update does.
 
     Every path computes it the same way on a device, so eager, fast-path and compiled runs cast
     with the same bits: on the native core the amax kernel, then the delayed-scaling update
@@ -464,10 +529,15 @@ def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tens
     from . import kernels
     kernels.compute_amax(x, amax)
     if not power_2 and native.use_native(x):
-        kernels.delayed_scaling_update([(amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)],
-                                   "most_recent", 0.0)
+        group = (amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)
+        kernels.delayed_scaling_update([group + ((skipped.view(1),) if skipped is not None else ())],
+                                       "most_recent", 0.0)
         return
-    scale.copy_(scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2))
+    finite = torch.isfinite(amax)
+    scale.copy_(torch.where(finite, scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2),
+                            scale))
+    if skipped is not None:
+        skipped.add_((~finite).to(skipped.dtype))
     amax.zero_()
 
 
@@ -572,14 +642,13 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
                 desc, code, float(recipe.margin), native.stream_handle(states[0].device.index))
         return
     for fwd in directions:
-        if fwd:
-            groups = [(s._amax_history_fwd, s._scale_fwd, s._scale_inv_fwd, s.fwd_max) for s in states]
-        else:
-            groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
+        groups = [s._groups()[0 if fwd else 1] for s in states]
         groups = [g for g in groups if g[0].shape[1] > 0]
         if groups:
             from .kernels import delayed_scaling_update
             delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))
+    for s in states:
+        s.warn_if_skipped_on_cpu()
 
 
 # Steps whose forward update waits for their last backward (see the module docstring).

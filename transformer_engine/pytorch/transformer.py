@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
+from .module._input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 
 _OP = "TransformerLayer"
@@ -192,3 +193,6 @@ class TransformerLayer(torch.nn.Module):
         if self.output_layernorm:
             out = self.layernorm(out)
         return out
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "hidden_states", torch.nn.Module.__call__, args, kwargs)

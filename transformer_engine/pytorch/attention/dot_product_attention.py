@@ -29,6 +29,34 @@ def _cu_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
 
 
+def _check_cu_seqlens(items) -> None:
+    """cu_seqlens of the thd format: on the tokens' device, starting at 0, non-decreasing, and
+    ending within the token count (the values are checked in one read from the device; skipped
+    while a CUDA graph is captured or torch.compile traces, where no value can be read)."""
+    for name, cu, x in items:
+        if cu.device != x.device:
+            raise ValueError(f"{_OP}: {name} is on {cu.device}; expected the device of the "
+                             f"tokens ({x.device})")
+        if cu.numel() < 2:
+            raise ValueError(f"{_OP}: {name} has {cu.numel()} values; expected [b + 1] with b >= 1")
+    if torch.compiler.is_compiling() or (items[0][1].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    checks = []
+    for _, cu, x in items:
+        checks += [cu[0] != 0, (cu[1:] < cu[:-1]).any(), cu[-1] > x.shape[0]]
+    flags = torch.stack([c.reshape(()) for c in checks]).tolist()
+    for i, (name, cu, x) in enumerate(items):
+        first, decreasing, beyond = flags[3 * i:3 * i + 3]
+        if first:
+            raise ValueError(f"{_OP}: {name} starts at {int(cu[0])}; expected 0")
+        if decreasing:
+            raise ValueError(f"{_OP}: {name} is not non-decreasing ({cu.tolist()[:16]}); expected "
+                             f"cumulative sequence lengths")
+        if beyond:
+            raise ValueError(f"{_OP}: {name} ends at {int(cu[-1])}, beyond the {x.shape[0]} tokens "
+                             f"of the thd input")
+
+
 class DotProductAttention(torch.nn.Module):
     """Core attention over already projected q, k, v (NVIDIA TE's argument names).
 
@@ -147,6 +175,7 @@ class DotProductAttention(torch.nn.Module):
             if cu_seqlens_q.numel() != cu_seqlens_kv.numel() or cu_seqlens_q.dim() != 1:
                 raise ValueError(f"{_OP}: cu_seqlens_q/cu_seqlens_kv have shapes "
                                  f"{tuple(cu_seqlens_q.shape)}/{tuple(cu_seqlens_kv.shape)}; expected [b + 1] each")
+            _check_cu_seqlens((("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_kv", cu_seqlens_kv, k)))
             return None, None, cu_seqlens_q, cu_seqlens_kv
         if not masks.is_padding(mask_type):
             return None, None, None, None

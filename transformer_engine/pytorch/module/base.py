@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._input_check import call_checked
 from .. import quantization as q
 from ..quantization import FP8GlobalState
 from ..tensor import Float8Tensor
@@ -56,6 +57,9 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if device.type == "cuda":
             q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
 
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)
+
     # -- FP8 per call
     def fp8_call_info(self, device: torch.device) -> FP8CallInfo:
         s = FP8GlobalState
@@ -76,6 +80,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
                                    None, None, None)
             rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
+            rs.owner = type(self).__name__
             if self._pending_fp8_extra_state is not None:
                 rs.load_dict(self._pending_fp8_extra_state)
                 self._pending_fp8_extra_state = None
@@ -142,9 +147,17 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
             if p is not None and p.device != rs.device and p.device.type != "meta":
                 saved = rs.to_dict()
                 self._fp8_state = q.RecipeState(rs.recipe, p.device, *self.fp8_slots)
+                self._fp8_state.owner = rs.owner
                 self._fp8_state.load_dict({k: v.to(p.device) for k, v in saved.items()
                                            if isinstance(v, torch.Tensor)})
         return out
+
+    def fp8_skipped_updates(self) -> int:
+        """How many FP8 scale updates of this module were skipped because an amax was NaN or
+        infinite (0 before any FP8 step). Reading it waits for the device; the first non-zero
+        answer also warns. See `transformer_engine.pytorch.quantization`."""
+        rs = self._fp8_state
+        return 0 if rs is None or not hasattr(rs, "_skipped_fwd") else rs.skipped_updates()
 
     # -- checkpoints: FP8 metadata as extra state; checkpoints without it still load
     def get_extra_state(self):

@@ -6,6 +6,7 @@ from typing import Optional, Union
 import torch
 
 from .. import kernels
+from ._input_check import call_checked
 from ._norm import param_for, reset_norm_params
 from .base import default_device
 
@@ -43,3 +44,6 @@ class LayerNorm(torch.nn.Module):
         x = x.contiguous()
         return kernels.layernorm(x, param_for(self.weight, x), param_for(self.bias, x), self.eps,
                              self.zero_centered_gamma)
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)

@@ -6,6 +6,7 @@ from typing import Optional, Union
 import torch
 
 from .. import kernels
+from ._input_check import call_checked
 from .base import default_device
 from ._norm import param_for, reset_norm_params
 
@@ -40,3 +41,6 @@ class RMSNorm(torch.nn.Module):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         x = x.contiguous()
         return kernels.rmsnorm(x, param_for(self.weight, x), self.eps, self.zero_centered_gamma)
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)
