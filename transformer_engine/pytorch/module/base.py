@@ -48,6 +48,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._pending_fp8_extra_state = None
         self._fp8_weight_cache = None
         self._fp8_checkpoint_stash = None
+        self._fp8_recompute_steps = []
         self.primary_weights_in_fp8 = FP8GlobalState.model_init
         self._model_init_recipe = FP8GlobalState.model_init_recipe
 
@@ -61,7 +62,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if not (s.enabled or s.calibrating):
             return _NO_FP8
         if s.enabled:
-            q.check_fp8_support(device, type(self).__name__)
+            q.require_fp8_support(device, type(self).__name__)
             if s.recipe.delayed() and torch.compiler.is_compiling():
                 raise NotImplementedError(
                     f"{type(self).__name__}: DelayedScaling is not supported under torch.compile "
@@ -83,9 +84,15 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
             from ._casts import record_list, replay_list
             replay, record = replay_list(self, phase), record_list(self, phase)
-        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2,
-        # run under the forward's step) will deliver
-        step = q.register_forward(rs, expect_backward=phase != 2)
+        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
+        # will deliver, to the forward's step: recorded here, as a recompute may run under an
+        # autocast of its own (activation_recompute_forward), which opens no step
+        if phase == 2 and s.enabled and self._fp8_recompute_steps:
+            step = self._fp8_recompute_steps.pop(0)
+        else:
+            step = q.register_forward(rs, expect_backward=phase != 2)
+            if phase == 1 and s.enabled:
+                self._fp8_recompute_steps.append(step)
         if step is None and replay is None and record is None and s.enabled:
             # a plain FP8 call without a step (current scaling): the same answer every time,
             # made once per state (host time on every call)
