@@ -311,7 +311,11 @@ def _body_parallel_layernorm_mlp(rank, world, group):
     dtype = torch.float32
     ref = te.LayerNormMLP(hidden, ffn, activation="swiglu", params_dtype=dtype, device="cpu")
     with torch.no_grad():
-        for i, p in enumerate(ref.parameters()):
+        # a seed per parameter name: the values do not depend on the registration order
+        seeds = {"layer_norm_weight": 0, "layer_norm_bias": 1, "fc1_weight": 2, "fc2_weight": 3,
+                 "fc1_bias": 4, "fc2_bias": 5}
+        for n, p in ref.named_parameters():
+            i = seeds[n]
             p.copy_(randn(p.shape, dtype, "cpu", seed=200 + i, scale=0.3) + (1 if p.dim() == 1 and i == 0 else 0))
     x = randn((tokens, hidden), dtype, "cpu", seed=5)
     dy = randn((tokens, hidden), dtype, "cpu", seed=6)

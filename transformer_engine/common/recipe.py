@@ -6,6 +6,7 @@ A recipe says how tensors are scaled into FP8. Format maxima come from the devic
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import functools
 import warnings
@@ -100,17 +101,24 @@ _LEGACY_FIELDS = {
 
 
 def _accepts_legacy_fields(cls):
-    """Wraps a recipe dataclass's __init__: legacy fields (above) warn and are dropped; any
-    other unknown keyword still raises the dataclass's TypeError naming it."""
+    """Wraps a recipe dataclass's __init__ the way NVIDIA TE's recipes (dataclasses that ignore
+    unknown fields) behave for clients, minus the silence: a keyword that is no field of the
+    recipe is dropped with a DeprecationWarning naming it (legacy fields, above, and extras that
+    clients pass along, such as Megatron-Core's params_dtype and device), unless it looks like a
+    misspelling of a current field, which raises TypeError naming both."""
     init = cls.__init__
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        legacy = sorted(k for k in kwargs if k in _LEGACY_FIELDS and k not in self.__dataclass_fields__)
-        for k in legacy:
+        fields = [f for f in self.__dataclass_fields__ if not f.startswith("_")]
+        for k in sorted(k for k in kwargs if k not in fields):
+            close = difflib.get_close_matches(k, fields, n=1, cutoff=0.8)
+            if close and k not in _LEGACY_FIELDS:
+                raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument "
+                                f"{k!r}; did you mean {close[0]!r}?")
             value = kwargs.pop(k)
-            warnings.warn(f"{cls.__name__}: '{k}' is a field of older Transformer Engine releases "
-                          f"and is ignored ({_LEGACY_FIELDS[k]}); got {k}={value!r}",
+            why = _LEGACY_FIELDS.get(k, "it is no field of this recipe")
+            warnings.warn(f"{cls.__name__}: '{k}' is ignored ({why}); got {k}={value!r}",
                           DeprecationWarning, stacklevel=2)
         init(self, *args, **kwargs)
 
