@@ -281,6 +281,9 @@ class NVFP4BlockScaling(_UnsupportedRecipe):
     disable_stochastic_rounding: bool = False
     disable_2d_quantization: bool = False
     row_scaled_activation: bool = False
+    nvfp4_4over6: str = "none"
+    nvfp4_4over6_e4m3_use_256: str = "all"
+    nvfp4_4over6_err_mode: str = "MAE"
     fp4_format: Format = Format.E2M1
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False

@@ -244,6 +244,8 @@ def _check_recipe(recipe, who):
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
                                   "DelayedScaling or Float8CurrentScaling")
+    # fields may have been set on the object after construction: validate them again
+    recipe.__post_init__()
     if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
         raise NotImplementedError(f"{who}: DelayedScaling.scaling_factor_compute_algo is not supported")
     return recipe

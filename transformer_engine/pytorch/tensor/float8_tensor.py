@@ -61,6 +61,23 @@ class Float8Tensor(QuantizedTensor):
     def fp8_dtype(self) -> torch.dtype:
         return self._data.dtype
 
+    def _get_quantizer(self):
+        """The quantizer that made this tensor; one of current scaling (the rule that
+        Float8Tensor.quantize and in-place updates use) when it was made without one."""
+        if self._quantizer is None:
+            from .quantizer import Float8CurrentScalingQuantizer
+            self._quantizer = Float8CurrentScalingQuantizer(self._data.dtype, self._data.device)
+        return self._quantizer
+
+    # NVIDIA TE's names for the cached FP8 transpose and whether it must be remade
+    @property
+    def _transpose(self) -> Optional[torch.Tensor]:
+        return self._transpose_cache
+
+    @property
+    def _transpose_invalid(self) -> bool:
+        return self._transpose_cache is None
+
     @property
     def _fp8_dtype(self):
         from ..constants import TE_DType
