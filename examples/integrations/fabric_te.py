@@ -14,8 +14,12 @@ from common import check_ours, falling, fp8_ran, parse_args, write_result
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
-    import lightning
-    from lightning.fabric import Fabric
+    try:  # the `lightning` package, or `lightning-fabric` / `pytorch-lightning`
+        import lightning as lightning_pkg
+        from lightning.fabric import Fabric
+    except ImportError:
+        import lightning_fabric as lightning_pkg
+        from lightning_fabric import Fabric
     fabric = Fabric(accelerator="cuda", devices=1, precision="transformer-engine")
     model, x, target = model_and_data()
     model = fabric.setup_module(model)  # replaces the layers: the optimizer comes after
@@ -32,7 +36,7 @@ def main():
         print(f"step {step:2d}  loss {loss.item():.4f}")
     ran = fp8_ran(model)
     ok = falling(losses) and ran
-    write_result(args.out, {"client": "lightning-fabric", "client_version": lightning.__version__,
+    write_result(args.out, {"client": "lightning-fabric", "client_version": lightning_pkg.__version__,
                             "precision": "transformer-engine", "losses": losses,
                             "loss_falls": falling(losses), "fp8_ran": ran,
                             "te_layers": sorted({c for _, c in layers}),

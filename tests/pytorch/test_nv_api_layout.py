@@ -232,3 +232,15 @@ def test_activation_recompute_forward_replays_fp8_scales(device):
     again.sum().backward()
     assert step.pending_backward == 0 and step.bwd_done
     assert xr.grad is not None and torch.equal(m._fp8_state.scale_fwd, scale_after)
+
+
+def test_rope_module_path_with_nv_arguments():
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+    t = randn((8, 2, 4, 16), torch.float32, "cpu", seed=1)
+    freqs = randn((8, 1, 1, 16), torch.float32, "cpu", seed=2)
+    want = te.kernels.apply_rotary_pos_emb(t, freqs, "sbhd", True)
+    got = apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", interleaved=True, fused=True,
+                               cp_size=1, cp_rank=0)
+    assert torch.equal(got, want)
+    with pytest.raises(NotImplementedError, match="cp_size=2"):
+        apply_rotary_pos_emb(t, freqs, cp_size=2, cp_rank=1)
