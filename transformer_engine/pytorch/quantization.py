@@ -329,9 +329,10 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
     returns it and weight.clear_high_precision_init_val() frees it (e.g. once an optimizer's
     master weights were made from it)."""
     s = FP8GlobalState
+    checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
     saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
     s.model_init = bool(enabled)
-    s.model_init_recipe = _check_recipe(recipe, "quantized_model_init") if enabled else None
+    s.model_init_recipe = checked
     s.model_init_keep_hp = bool(enabled and preserve_high_precision_init_val)
     try:
         yield
