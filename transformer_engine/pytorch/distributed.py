@@ -10,11 +10,16 @@ communicates here by accident.
 from __future__ import annotations
 
 import contextlib
+import weakref
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 DEFAULT_RNG_STATE_NAME = "model-parallel-rng"
+
+# Every live tracker, for get_all_rng_states (trackers are few and long-lived).
+_TRACKERS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -40,6 +45,7 @@ class CudaRNGStatesTracker:
             raise RuntimeError("CudaRNGStatesTracker: device='cuda' was asked for but CUDA is not available")
         self.device = device
         self.reset()
+        _TRACKERS.add(self)
 
     # The generator this tracker swaps states of.
     def _get_state(self) -> torch.Tensor:
@@ -126,10 +132,52 @@ def _tp_size(group) -> int:
     return 1 if group is None else get_distributed_world_size(group)
 
 
+def get_all_rng_states() -> dict:
+    """name -> RNG state of every state added to any live CudaRNGStatesTracker."""
+    states: dict = {}
+    for tracker in list(_TRACKERS):
+        states.update(tracker.get_states())
+    return states
+
+
 def checkpoint(function, *args, **kwargs):
     """te.distributed.checkpoint, NVIDIA TE's other spelling of te.checkpoint."""
     from .checkpoint import checkpoint as te_checkpoint
     return te_checkpoint(function, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 activation recompute driven by the caller (e.g. a framework's own checkpoint function)
+# ---------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def activation_recompute_forward(activation_recompute: bool = False, recompute_phase: bool = False):
+    """Marks a forward as checkpointed (recompute_phase=False: TE modules inside record the FP8
+    scales they cast with) or as its recompute (recompute_phase=True: they cast with the recorded
+    scales, record no amax, and deliver their backward to the checkpointed forward's step), so a
+    checkpoint implemented outside this library recomputes FP8 activations bit for bit. With
+    activation_recompute=False it changes nothing."""
+    from .quantization import FP8GlobalState
+    s = FP8GlobalState
+    saved = s.recompute_phase
+    if activation_recompute:
+        s.recompute_phase = 2 if recompute_phase else 1
+    try:
+        yield
+    finally:
+        s.recompute_phase = saved
+
+
+def is_fp8_activation_recompute_enabled() -> bool:
+    """Whether FP8 is on inside an activation_recompute_forward (or te.checkpoint) region."""
+    from .quantization import FP8GlobalState
+    return FP8GlobalState.recompute_phase != 0 and FP8GlobalState.enabled
+
+
+def in_fp8_activation_recompute_phase() -> bool:
+    """Whether the current forward is the recompute of a checkpointed one."""
+    from .quantization import FP8GlobalState
+    return FP8GlobalState.recompute_phase == 2
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -268,13 +316,79 @@ def reduce_from_tensor_parallel_region(inp: torch.Tensor, group=None) -> torch.T
     return _ReduceFromTensorParallelRegion.apply(inp, group)
 
 
-def gather_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
+def gather_from_sequence_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
+    """All-gather along dim 0 with a reduce-scatter backward (autograd)."""
     if _tp_size(group) == 1:
         return inp
     return _GatherAlongFirstDim.apply(inp, group)
 
 
-def reduce_scatter_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
+def reduce_scatter_to_sequence_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
+    """Reduce-scatter along dim 0 with an all-gather backward (autograd)."""
     if _tp_size(group) == 1:
         return inp
     return _ReduceScatterAlongFirstDim.apply(inp, group)
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA TE's raw collectives: (output, async handle or None), no autograd. Unlike the region
+# functions above, process_group=None means torch.distributed's default group, as in
+# torch.distributed itself; without an initialised process group they are the identity.
+# ---------------------------------------------------------------------------------------------
+
+def _world_of(group) -> int:
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def gather_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool = False,
+                           quantizer=None) -> Tuple[torch.Tensor, Optional[object]]:
+    """Every rank's `inp` concatenated along dim 0, as (output, handle): handle is the pending
+    collective with async_op=True (wait() before reading the output), else None. A quantizer,
+    when given, quantizes the gathered output."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"gather_along_first_dim: inp must be a torch.Tensor, got {type(inp).__name__}")
+    from .tensor import QuantizedTensor
+    if isinstance(inp, QuantizedTensor):
+        inp = inp.dequantize()
+    world = _world_of(process_group)
+    if world == 1:
+        return (quantizer.quantize(inp) if quantizer is not None else inp), None
+    inp = inp.contiguous()
+    out = torch.empty((world * inp.shape[0],) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+    if _uses_nccl(process_group):
+        handle = dist.all_gather_into_tensor(out, inp, group=process_group, async_op=async_op)
+    else:
+        handle = dist.all_gather(list(out.chunk(world, dim=0)), inp, group=process_group,
+                                 async_op=async_op)
+    if quantizer is not None:
+        if handle is not None:
+            handle.wait()
+            handle = None
+        out = quantizer.quantize(out)
+    return out, handle
+
+
+def reduce_scatter_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool = False
+                                   ) -> Tuple[torch.Tensor, Optional[object]]:
+    """The sum over ranks of `inp`, of which this rank keeps its 1/world slice of dim 0, as
+    (output, handle) (see gather_along_first_dim)."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"reduce_scatter_along_first_dim: inp must be a torch.Tensor, got "
+                        f"{type(inp).__name__}")
+    world = _world_of(process_group)
+    if world == 1:
+        return inp, None
+    if inp.shape[0] % world != 0:
+        raise ValueError(f"reduce_scatter_along_first_dim: dim 0 of shape {tuple(inp.shape)} is not "
+                         f"divisible by the group size {world}")
+    inp = inp.contiguous()
+    if _uses_nccl(process_group):
+        out = torch.empty((inp.shape[0] // world,) + tuple(inp.shape[1:]), dtype=inp.dtype,
+                          device=inp.device)
+        handle = dist.reduce_scatter_tensor(out, inp, group=process_group, async_op=async_op)
+        return out, handle
+    group = process_group if process_group is not None else dist.group.WORLD
+    return reduce_scatter_first_dim(inp, group), None
+

@@ -40,12 +40,15 @@ from ..common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from . import native
 
 __all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init", "is_fp8_available",
-           "get_default_recipe", "RecipeState", "FP8GlobalState"]
+           "is_mxfp8_available", "is_nvfp4_available", "is_fp8_block_scaling_available",
+           "check_fp8_support", "check_mxfp8_support", "check_nvfp4_support",
+           "check_fp8_block_scaling_support", "check_recipe_support", "get_default_recipe",
+           "get_default_fp8_recipe", "RecipeState", "FP8GlobalState", "FP8GlobalStateManager"]
 
 
 # ----- device support ---------------------------------------------------------------------------
 
-def is_fp8_available(device=None) -> Tuple[bool, str]:
+def _fp8_support(device=None) -> Tuple[bool, str]:
     """(True, "") when FP8 GEMMs run natively on the device (default: the current GPU), else
     (False, why). CPU tensors always run FP8 emulated on the reference backend."""
     if device is not None and torch.device(device).type == "cpu":
@@ -61,17 +64,70 @@ def is_fp8_available(device=None) -> Tuple[bool, str]:
     return True, ""
 
 
+def _block_scaled_support(recipe_name: str) -> Tuple[bool, str]:
+    """Block-scaled recipes (MXFP8, NVFP4, Float8BlockScaling) run on no device here."""
+    from ..common import recipe as recipes
+    return False, getattr(recipes, recipe_name)().unsupported_reason()
+
+
+def check_fp8_support() -> Tuple[bool, str]:
+    """(whether the current GPU runs FP8 GEMMs natively, why not)."""
+    return _fp8_support()
+
+
+def check_mxfp8_support() -> Tuple[bool, str]:
+    return _block_scaled_support("MXFP8BlockScaling")
+
+
+def check_nvfp4_support() -> Tuple[bool, str]:
+    return _block_scaled_support("NVFP4BlockScaling")
+
+
+def check_fp8_block_scaling_support() -> Tuple[bool, str]:
+    return _block_scaled_support("Float8BlockScaling")
+
+
+def _answer(result: Tuple[bool, str], return_reason: bool):
+    return result if return_reason else result[0]
+
+
+def is_fp8_available(return_reason: bool = False, device=None):
+    """Whether FP8 runs natively on `device` (default: the current GPU; "cpu": the emulated
+    reference, always True). A bool, or (bool, reason) with return_reason=True."""
+    if not isinstance(return_reason, bool):
+        raise TypeError(f"is_fp8_available: return_reason must be a bool, got {return_reason!r} "
+                        "(pass the device as device=...)")
+    return _answer(_fp8_support(device), return_reason)
+
+
+def is_mxfp8_available(return_reason: bool = False):
+    return _answer(check_mxfp8_support(), return_reason)
+
+
+def is_nvfp4_available(return_reason: bool = False):
+    return _answer(check_nvfp4_support(), return_reason)
+
+
+def is_fp8_block_scaling_available(return_reason: bool = False):
+    return _answer(check_fp8_block_scaling_support(), return_reason)
+
+
+def check_recipe_support(recipe: Recipe) -> None:
+    """Raises when the recipe cannot run here (see _check_recipe)."""
+    _check_recipe(recipe, "check_recipe_support")
+
+
 _SUPPORT_CACHE: dict = {}
 
 
-def check_fp8_support(device: torch.device, who: str) -> None:
+def require_fp8_support(device: torch.device, who: str) -> None:
     """Raises a clear error when FP8 is asked for on a GPU that cannot run it."""
     if device.type != "cuda":
         return
     key = device.index
     ok = _SUPPORT_CACHE.get(key)
     if ok is None:
-        ok = _SUPPORT_CACHE[key] = is_fp8_available(device)
+        ok = _SUPPORT_CACHE[key] = _fp8_support(device)
     if not ok[0]:
         raise NotImplementedError(f"{who}: FP8 autocast is enabled but {ok[1]}")
 
@@ -80,6 +136,9 @@ def get_default_recipe() -> Recipe:
     """DelayedScaling with the HYBRID format; the torch dtypes (OCP or FNUZ) come from the device
     when a module first runs."""
     return DelayedScaling()
+
+
+get_default_fp8_recipe = get_default_recipe
 
 
 # ----- global state -----------------------------------------------------------------------------
@@ -169,6 +228,7 @@ class _FP8GlobalStateType:
         self.step: Optional[_Step] = None
         self.model_init = False
         self.model_init_recipe: Optional[Recipe] = None
+        self.model_init_keep_hp = False  # quantized_model_init(preserve_high_precision_init_val)
         # checkpoint support: modules record their forward scales and the recompute replays them
         self.recompute_phase = 0   # 0: none, 1: checkpointed forward (record), 2: recompute (replay)
 
@@ -185,9 +245,16 @@ FP8GlobalState = _FP8GlobalStateType()
 def _check_recipe(recipe, who):
     if recipe is None:
         return get_default_recipe()
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{who}: recipe must be a transformer_engine.common.recipe.Recipe, got "
+                        f"{type(recipe).__name__}")
+    if hasattr(recipe, "unsupported_reason"):
+        raise NotImplementedError(f"{who}: {recipe.unsupported_reason()}")
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
                                   "DelayedScaling or Float8CurrentScaling")
+    # fields may have been set on the object after construction: validate them again
+    recipe.__post_init__()
     if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
         raise NotImplementedError(f"{who}: DelayedScaling.scaling_factor_compute_algo is not supported")
     return recipe
@@ -219,7 +286,10 @@ class _AutocastContext(contextlib.ContextDecorator):
                 flush_deferred_updates()
             # only delayed scaling has a step to finish (its batched update); other recipes keep
             # no step (host time on every training step)
-            s.step = _Step(recipe, group) if isinstance(recipe, DelayedScaling) else None
+            # a recompute (checkpoint phase 2) belongs to the checkpointed forward's step, which
+            # its modules deliver their backward to
+            s.step = (_Step(recipe, group) if isinstance(recipe, DelayedScaling)
+                      and s.recompute_phase != 2 else None)
         s.enabled, s.calibrating = bool(enabled), bool(calibrating)
         s.recipe, s.group = recipe, group
         s.depth += 1
@@ -263,16 +333,20 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Op
 def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                          preserve_high_precision_init_val: bool = False):
     """Modules created inside keep their weights only as FP8 tensors (Float8Tensor): no
-    high-precision copy. `preserve_high_precision_init_val` is accepted for API parity; the
-    initial values are not kept (that is the memory this saves)."""
+    high-precision copy on the device. With preserve_high_precision_init_val each such weight
+    also keeps the value it was initialised with, on the CPU: weight.get_high_precision_init_val()
+    returns it and weight.clear_high_precision_init_val() frees it (e.g. once an optimizer's
+    master weights were made from it)."""
     s = FP8GlobalState
-    saved = (s.model_init, s.model_init_recipe)
+    checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
+    saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
     s.model_init = bool(enabled)
-    s.model_init_recipe = _check_recipe(recipe, "quantized_model_init") if enabled else None
+    s.model_init_recipe = checked
+    s.model_init_keep_hp = bool(enabled and preserve_high_precision_init_val)
     try:
         yield
     finally:
-        s.model_init, s.model_init_recipe = saved
+        s.model_init, s.model_init_recipe, s.model_init_keep_hp = saved
 
 
 @contextlib.contextmanager
@@ -665,3 +739,6 @@ def flush_deferred_updates() -> None:
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}
+
+
+from .fp8_state_manager import FP8GlobalStateManager  # noqa: E402,F401  (uses the names above)

@@ -23,6 +23,7 @@ from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
 from .module._input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
+from .module._nv_options import check_off
 
 _OP = "TransformerLayer"
 
@@ -31,6 +32,8 @@ def _drop_path(x: torch.Tensor, rate: float, training: bool, batch_dim: int) -> 
     """Stochastic depth: drop the whole branch of a sample with probability `rate`."""
     if rate <= 0.0 or not training:
         return x
+    if rate >= 1.0:
+        return x * 0.0  # every sample's branch dropped (no rescale: 1 - rate is 0)
     shape = [1] * x.dim()
     shape[batch_dim] = x.shape[batch_dim]
     keep = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - rate)
@@ -58,11 +61,20 @@ class TransformerLayer(torch.nn.Module):
                  bias: bool = True, activation: str = "gelu", normalization: str = "LayerNorm",
                  device=None, attn_input_format: str = "sbhd", name: Optional[str] = None,
                  softmax_scale: Optional[float] = None, activation_params: Optional[dict] = None,
-                 **ignored_userbuffers_flags):
+                 bottom_right_diagonal: Optional[bool] = None,
+                 enc_dec_bottom_right_diagonal: Optional[bool] = None,
+                 ub_tp_comm_overlap: bool = False, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 qk_norm_type: Optional[str] = None, qk_norm_eps: float = 1e-6,
+                 qk_norm_before_rope: bool = False, softmax_type: str = "vanilla"):
         super().__init__()
-        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
-        if bad:
-            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        check_off(_OP, ub_tp_comm_overlap=ub_tp_comm_overlap, ub_overlap_ag=ub_overlap_ag,
+                  ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+                  ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+                  bottom_right_diagonal=bottom_right_diagonal,
+                  enc_dec_bottom_right_diagonal=enc_dec_bottom_right_diagonal,
+                  qk_norm_type=qk_norm_type, softmax_type=softmax_type)
         if layer_type not in ("encoder", "decoder"):
             raise ValueError(f"{_OP}: layer_type is {layer_type!r}; expected 'encoder' or 'decoder'")
         if parallel_attention_mlp and (layer_type == "decoder" or output_layernorm):
@@ -70,9 +82,10 @@ class TransformerLayer(torch.nn.Module):
                              "output_layernorm=False only")
         if normalization not in ("LayerNorm", "RMSNorm"):
             raise ValueError(f"{_OP}: normalization is {normalization!r}; expected LayerNorm or RMSNorm")
-        for name_, p in (("hidden_dropout", hidden_dropout), ("drop_path_rate", drop_path_rate)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{_OP}: {name_} is {p}; expected [0, 1)")
+        if not 0.0 <= hidden_dropout < 1.0:
+            raise ValueError(f"{_OP}: hidden_dropout is {hidden_dropout}; expected [0, 1)")
+        if not 0.0 <= drop_path_rate <= 1.0:
+            raise ValueError(f"{_OP}: drop_path_rate is {drop_path_rate}; expected [0, 1]")
         if attn_input_format not in ("sbhd", "bshd", "thd"):
             raise ValueError(f"{_OP}: attn_input_format is {attn_input_format!r}; expected sbhd, bshd or thd")
         self.layer_type, self.output_layernorm = layer_type, output_layernorm
@@ -157,6 +170,10 @@ class TransformerLayer(torch.nn.Module):
                 inference_params=None, rotary_pos_emb=None, core_attention_bias_type: str = "no_bias",
                 core_attention_bias=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                 max_seqlen_q=None, max_seqlen_kv=None, fast_zero_fill: bool = True) -> torch.Tensor:
+        kind = hidden_states.device.type
+        if torch.is_autocast_enabled(kind):
+            # the residual stream in the autocast dtype too, so the block's output is in it
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(kind))
         want_ln_out = self.post_ln_residual and not self.output_layernorm
         fused = self._residual_in_gemms()
         attn = self.self_attention(

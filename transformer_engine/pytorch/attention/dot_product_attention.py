@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.utils.checkpoint
 
+from ..module._nv_options import check_off
 from ...common import config as env
 from ..kernels import attention as attn_ops
 from ..kernels._checks import check_tensor
@@ -84,8 +85,12 @@ class DotProductAttention(torch.nn.Module):
                  tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
                  layer_number: Optional[int] = None, attention_type: str = "self",
                  cp_group=None, cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
-                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla"):
+                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla",
+                 bottom_right_diagonal: Optional[bool] = None, return_max_logit: bool = False,
+                 name: Optional[str] = None):
         super().__init__()
+        check_off(_OP, bottom_right_diagonal=bottom_right_diagonal, return_max_logit=return_max_logit)
+        self.name = name
         if softmax_type != "vanilla":
             raise NotImplementedError(f"{_OP}: softmax_type {softmax_type!r}: only 'vanilla' is implemented")
         if attention_type not in ("self", "cross"):
@@ -218,6 +223,22 @@ class DotProductAttention(torch.nn.Module):
         return lambda: self.get_rng_state_tracker().fork()
 
     # ----- forward ----------------------------------------------------------------------------
+
+    # NVIDIA TE keeps FP8 attention metadata under core_attention._extra_state; the key exists
+    # here too, so state_dicts line up both ways. FP8 attention is not implemented (fp8_dpa is
+    # refused by the recipes), so there is no state to save and a loaded one has no use.
+    def get_extra_state(self):
+        return None
+
+    def set_extra_state(self, state) -> None:
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if prefix + "_extra_state" in missing_keys:
+            missing_keys.remove(prefix + "_extra_state")  # saved without it
 
     def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor, value_layer: torch.Tensor,
                 attention_mask=None, qkv_format: Optional[str] = None,

@@ -16,6 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ..module._nv_options import check_off
 from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
 from .dot_product_attention import DotProductAttention, _tp_world_size, set_context_parallel_group_of
@@ -40,11 +41,19 @@ class MultiheadAttention(torch.nn.Module):
                  zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
                  bias: bool = True, normalization: str = "LayerNorm", device=None,
                  qkv_format: str = "sbhd", name: Optional[str] = None, rotary_pos_interleaved: bool = False,
-                 softmax_scale: Optional[float] = None, **ignored_userbuffers_flags):
+                 softmax_scale: Optional[float] = None, bottom_right_diagonal: Optional[bool] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, qk_norm_type: Optional[str] = None,
+                 qk_norm_eps: float = 1e-6, qk_norm_before_rope: bool = False,
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 softmax_type: str = "vanilla"):
         super().__init__()
-        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
-        if bad:
-            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        check_off(_OP, ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, bottom_right_diagonal=bottom_right_diagonal,
+                  qk_norm_type=qk_norm_type, softmax_type=softmax_type)
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size  # size hints only
         if attention_type not in ("self", "cross"):
             raise ValueError(f"{_OP}: attention_type is {attention_type!r}; expected 'self' or 'cross'")
         if return_layernorm_output and not input_layernorm:
@@ -61,7 +70,7 @@ class MultiheadAttention(torch.nn.Module):
         self.qkv_format, self.layer_number = qkv_format, layer_number
         self.rotary_pos_interleaved = rotary_pos_interleaved
         # The core attention validates heads/GQA/mask/window arguments for the whole module.
-        self.core_attention = DotProductAttention(
+        core_attention = DotProductAttention(
             num_attention_heads, kv_channels, num_gqa_groups=num_gqa_groups,
             attention_dropout=attention_dropout, qkv_format=qkv_format, attn_mask_type=attn_mask_type,
             window_size=window_size, sequence_parallel=sequence_parallel, tp_size=tp_size,
@@ -87,11 +96,15 @@ class MultiheadAttention(torch.nn.Module):
                                   parameters_split=_split(split, q_size // tp, kv_size // tp), **column)
         else:
             if input_layernorm:
-                self.layernorm_query = LayerNormLinear(hidden_size, q_size, **column, **norm)
+                self.layernorm_query = LayerNormLinear(
+                    hidden_size, q_size, parameters_split=None if fuse_qkv_params else ("query_",),
+                    **column, **norm)
             else:
                 self.query_layer = Linear(hidden_size, q_size, **column)
             split = None if fuse_qkv_params else {"key_": kv_size // tp, "value_": kv_size // tp}
             self.key_value = Linear(hidden_size, 2 * kv_size, parameters_split=split, **column)
+        # registered between the projections, as NVIDIA TE does (state_dict key order)
+        self.core_attention = core_attention
         self.proj = Linear(q_size, hidden_size, init_method=output_layer_init_method,
                            parallel_mode="row" if set_parallel_mode else None,
                            return_bias=return_bias, **common)

@@ -6,7 +6,20 @@ from typing import Optional
 
 import torch
 
-from ..kernels.rope import apply_rotary_pos_emb  # noqa: F401  (the public function lives with its kernel)
+from ..kernels import rope as _rope_kernels
+
+
+def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
+                         interleaved: bool = False, fused: bool = True,
+                         cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
+                         cp_rank: int = 0) -> torch.Tensor:
+    """NVIDIA TE's apply_rotary_pos_emb (kernels.rope.apply_rotary_pos_emb does the work).
+    cp_size / cp_rank (context parallelism) are accepted at 1 / 0 only: this library has no
+    context parallelism."""
+    if cp_size != 1 or cp_rank != 0:
+        raise NotImplementedError(f"apply_rotary_pos_emb: cp_size={cp_size}, cp_rank={cp_rank}: context "
+                                  "parallelism is not implemented; expected cp_size=1, cp_rank=0")
+    return _rope_kernels.apply_rotary_pos_emb(t, freqs, tensor_format, interleaved, fused, cu_seqlens)
 
 
 class RotaryPositionEmbedding(torch.nn.Module):

@@ -50,8 +50,28 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         self._pending_fp8_extra_state = None
         self._fp8_weight_cache = None
         self._fp8_checkpoint_stash = None
+        self._fp8_recompute_steps = []
         self.primary_weights_in_fp8 = FP8GlobalState.model_init
         self._model_init_recipe = FP8GlobalState.model_init_recipe
+        self._keep_hp_init_val = FP8GlobalState.model_init_keep_hp
+
+    @property
+    def fp8_meta(self) -> dict:
+        """NVIDIA TE's view of the module's FP8 metadata, made on each read from the module's
+        recipe state: "recipe", "fp8_group" (the current autocast's), "fp8_checkpoint" (whether
+        the module has FP8 state to save) and, once FP8 ran, "scaling_fwd" / "scaling_bwd" with
+        `scale`, `scale_inv` and `amax_history` (the module's own tensors, [history, slots])."""
+        rs = self._fp8_state
+        meta = {"recipe": rs.recipe if rs is not None else FP8GlobalState.recipe,
+                "fp8_group": FP8GlobalState.group, "fp8_checkpoint": rs is not None,
+                "num_gemms": max(1, self.fp8_slots[0] // 2)}
+        if rs is not None:
+            from types import SimpleNamespace
+            meta["scaling_fwd"] = SimpleNamespace(scale=rs.scale_fwd, scale_inv=rs.scale_inv_fwd,
+                                                  amax_history=rs.amax_history_fwd)
+            meta["scaling_bwd"] = SimpleNamespace(scale=rs.scale_bwd, scale_inv=rs.scale_inv_bwd,
+                                                  amax_history=rs.amax_history_bwd)
+        return meta
 
     def _remember_device(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -66,7 +86,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if not (s.enabled or s.calibrating):
             return _NO_FP8
         if s.enabled:
-            q.check_fp8_support(device, type(self).__name__)
+            q.require_fp8_support(device, type(self).__name__)
             if s.recipe.delayed() and torch.compiler.is_compiling():
                 raise NotImplementedError(
                     f"{type(self).__name__}: DelayedScaling is not supported under torch.compile "
@@ -89,9 +109,15 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
             from ._casts import record_list, replay_list
             replay, record = replay_list(self, phase), record_list(self, phase)
-        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2,
-        # run under the forward's step) will deliver
-        step = q.register_forward(rs, expect_backward=phase != 2)
+        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
+        # will deliver, to the forward's step: recorded here, as a recompute may run under an
+        # autocast of its own (activation_recompute_forward), which opens no step
+        if phase == 2 and s.enabled and self._fp8_recompute_steps:
+            step = self._fp8_recompute_steps.pop(0)
+        else:
+            step = q.register_forward(rs, expect_backward=phase != 2)
+            if phase == 1 and s.enabled:
+                self._fp8_recompute_steps.append(step)
         if step is None and replay is None and record is None and s.enabled:
             # a plain FP8 call without a step (current scaling): the same answer every time,
             # made once per state (host time on every call)
@@ -110,7 +136,10 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if device.type != "meta" and init is not None:
             init(w)
         if self.primary_weights_in_fp8 and device.type != "meta":
+            hp = w.detach().to("cpu", copy=True) if self._keep_hp_init_val else None
             w = self._to_fp8_weight(w)
+            if hp is not None:
+                w._high_precision_init_val = hp
         return torch.nn.Parameter(w)
 
     def _init_weight(self, w, init_method=None):
@@ -199,3 +228,13 @@ def hp_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def tokens_of(x: torch.Tensor) -> int:
     return math.prod(x.shape[:-1])
+
+
+def get_workspace() -> torch.Tensor:
+    """The GEMM workspace of the current GPU and stream (the buffer every GEMM of this library on
+    that stream uses); an empty tensor on the reference backend, whose GEMM needs none."""
+    from .. import native
+    if torch.cuda.is_available() and native.native_for_torch() is not None:
+        from ..kernels.gemm import gemm_workspace
+        return gemm_workspace(torch.device("cuda", torch.cuda.current_device()))
+    return torch.empty(0, dtype=torch.uint8)

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ._nv_options import check_off
 from . import _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
@@ -131,8 +132,15 @@ class LayerNormLinear(TransformerEngineBaseModule):
                  return_layernorm_output_gathered: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
                  zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
-                 name: Optional[str] = None, delay_wgrad_compute: bool = False, **_ignored):
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_name: Optional[str] = None,
+                 symmetric_ar_type: Optional[str] = None, name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        check_off("LayerNormLinear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+                  ub_bulk_dgrad=ub_bulk_dgrad, symmetric_ar_type=symmetric_ar_type)
         check_normalization("LayerNormLinear", normalization)
         if parallel_mode == "row":
             raise ValueError("LayerNormLinear: parallel_mode='row' is not supported (the norm needs "
@@ -170,9 +178,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
                          if bias else None)
         else:
             self.weight = self.bias = None
+            # every weight, then every bias (NVIDIA TE's order)
             for prefix, rows in self.splits:
                 self.register_parameter(prefix + "weight", self.make_weight(
                     (rows, in_features), dt, device, self._init_weight))
+            for prefix, rows in self.splits:
                 self.register_parameter(prefix + "bias", torch.nn.Parameter(
                     torch.zeros(rows, dtype=dt, device=device)) if bias else None)
         if device.type != "meta":

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ._nv_options import check_off
 from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
@@ -274,9 +275,18 @@ class LayerNormMLP(TransformerEngineBaseModule):
                  return_layernorm_output: bool = False,
                  return_layernorm_output_gathered: bool = False, zero_centered_gamma: bool = False,
                  device: Union[torch.device, str, None] = None, set_parallel_mode: bool = False,
-                 name: Optional[str] = None, delay_wgrad_compute: bool = False,
-                 activation_params: Optional[dict] = None, checkpoint: bool = False, **_ignored):
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, symmetric_ar_type: Optional[str] = None,
+                 name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, activation_params: Optional[dict] = None,
+                 checkpoint: bool = False):
         super().__init__()
+        check_off("LayerNormMLP", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size  # size hints only
         check_normalization("LayerNormMLP", normalization)
         if activation not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: activation is {activation!r}; expected one of "
@@ -319,10 +329,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
         for p in (self.layer_norm_weight, self.layer_norm_bias):
             if p is not None:
                 p.sequence_parallel = self.sequence_parallel
+        # NVIDIA TE's registration order: fc1 weight, fc1 bias, fc2 weight, fc2 bias
         self.fc1_weight = self.make_weight((fc1_out, hidden_size), dt, device, self._init_weight)
+        self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
         self.fc2_weight = self.make_weight((hidden_size, self.size_per_partition), dt, device,
                                            lambda w: self._init_weight(w, self.output_layer_init_method))
-        self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
         self.fc2_bias = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dt, device=device)) if bias else None
         if self.fc2_bias is not None:
             self.fc2_bias.sequence_parallel = self.sequence_parallel  # added after the reduce-scatter

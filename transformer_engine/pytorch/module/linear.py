@@ -13,6 +13,7 @@ from ..tensor import Float8Tensor
 from ..library import dispatch as K
 from . import _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
+from ._nv_options import check_off
 
 
 class _LinearFn(torch.autograd.Function):
@@ -361,9 +362,17 @@ class Linear(TransformerEngineBaseModule):
                  params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
                  skip_weight_param_allocation: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
-                 device: Union[torch.device, str, None] = None, name: Optional[str] = None,
-                 delay_wgrad_compute: bool = False, **_ignored):
+                 device: Union[torch.device, str, None] = None, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 ub_name: Optional[str] = None, symmetric_ar_type: Optional[str] = None,
+                 save_original_input: bool = False, name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        check_off("Linear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type,
+                  save_original_input=save_original_input)
         _parallel.check_parallel_mode("Linear", parallel_mode)
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.tp_group = tp_group
@@ -398,13 +407,16 @@ class Linear(TransformerEngineBaseModule):
             self._mark_parallel(self.weight, self.bias)
             return
         self.weight = self.bias = None
+        # every weight, then every bias: NVIDIA TE's registration order (state_dict keys and
+        # optimizer state line up with its checkpoints)
         for prefix, rows in self.splits:
-            w = self.make_weight((rows, shape_in), self.params_dtype, device, self._init_weight)
-            self.register_parameter(prefix + "weight", w)
+            self.register_parameter(prefix + "weight", self.make_weight(
+                (rows, shape_in), self.params_dtype, device, self._init_weight))
+        for prefix, rows in self.splits:
             b = (torch.nn.Parameter(torch.zeros(rows, dtype=self.params_dtype, device=device))
                  if self.use_bias else None)
             self.register_parameter(prefix + "bias", b)
-            self._mark_parallel(w, b)
+            self._mark_parallel(getattr(self, prefix + "weight"), b)
 
     def _mark_parallel(self, w, b):
         if self.parallel_mode in ("column", "row"):

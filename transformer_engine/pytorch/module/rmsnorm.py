@@ -1,22 +1,25 @@
 """te.RMSNorm: RMSNorm over the last dimension with the native forward/backward kernels."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 import torch
 
 from .. import kernels
 from ._input_check import call_checked
 from .base import default_device
+from ._norm_args import resolve_norm_args
 from ._norm import param_for, reset_norm_params
 
 
 class RMSNorm(torch.nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * gamma (gamma stored as gamma - 1 with zero_centered_gamma)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
-                 device: Union[torch.device, str, None] = None, **_ignored):
+    def __init__(self, normalized_shape: Union[int, Iterable[int], None] = None, eps: float = 1e-5,
+                 sequence_parallel: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 zero_centered_gamma: bool = False, hidden_size: Optional[int] = None, **kwargs):
+        hidden_size, params_dtype, device = resolve_norm_args(
+            "RMSNorm", normalized_shape, hidden_size, params_dtype, kwargs)
         super().__init__()
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.sequence_parallel = sequence_parallel

@@ -14,11 +14,12 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ...common import fp8_formats
+from .quantized_tensor import QuantizedTensor, copy_user_attributes
 
 aten = torch.ops.aten
 
 
-def _fp8_max(fp8_dtype: torch.dtype) -> float:
+def fp8_max_of_dtype(fp8_dtype: torch.dtype) -> float:
     fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
     return fp8_formats.fp8_max(fmt, flavor)
 
@@ -29,13 +30,14 @@ def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype):
     from ..quantization import scale_from_amax
     x = x.contiguous()
     amax = x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
-    scale = scale_from_amax(amax, torch.full((1,), _fp8_max(fp8_dtype), device=x.device), False)
+    scale = scale_from_amax(amax, torch.full((1,), fp8_max_of_dtype(fp8_dtype), device=x.device), False)
     data, scale_inv = quantize(x, scale.contiguous(), fp8_dtype)
     return data, scale_inv
 
 
-class Float8Tensor(torch.Tensor):
-    """FP8 data [shape] + scale_inv (one fp32 value), nominal dtype, cached FP8 transpose."""
+class Float8Tensor(QuantizedTensor):
+    """FP8 data [shape] + scale_inv (one fp32 value), nominal dtype, cached FP8 transpose.
+    `_quantizer` (when set) is the quantizer that made it and that quantize_ re-uses."""
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
@@ -45,6 +47,7 @@ class Float8Tensor(torch.Tensor):
         t._data = data
         t._scale_inv = scale_inv
         t._transpose_cache = None
+        t._quantizer = None
         return t
 
     @classmethod
@@ -57,6 +60,45 @@ class Float8Tensor(torch.Tensor):
     @property
     def fp8_dtype(self) -> torch.dtype:
         return self._data.dtype
+
+    def _get_quantizer(self):
+        """The quantizer that made this tensor; one of current scaling (the rule that
+        Float8Tensor.quantize and in-place updates use) when it was made without one."""
+        if self._quantizer is None:
+            from .quantizer import Float8CurrentScalingQuantizer
+            self._quantizer = Float8CurrentScalingQuantizer(self._data.dtype, self._data.device)
+        return self._quantizer
+
+    # NVIDIA TE's names for the cached FP8 transpose and whether it must be remade
+    @property
+    def _transpose(self) -> Optional[torch.Tensor]:
+        return self._transpose_cache
+
+    @property
+    def _transpose_invalid(self) -> bool:
+        return self._transpose_cache is None
+
+    @property
+    def _fp8_dtype(self):
+        from ..constants import TE_DType
+        return TE_DType[self._data.dtype]
+
+    def quantize_(self, tensor: torch.Tensor) -> "Float8Tensor":
+        """Overwrite the value with `tensor`, quantized by this tensor's quantizer (current
+        scaling when it has none)."""
+        if self._quantizer is not None:
+            self._quantizer.update_quantized(tensor.to(self.dtype), self)
+        else:
+            self._requantize_from(tensor.dequantize() if isinstance(tensor, QuantizedTensor) else tensor)
+        return self
+
+    # The high-precision value a weight was initialised with, kept (on the CPU) when the module
+    # was built under quantized_model_init(preserve_high_precision_init_val=True).
+    def get_high_precision_init_val(self) -> Optional[torch.Tensor]:
+        return self.__dict__.get("_high_precision_init_val")
+
+    def clear_high_precision_init_val(self) -> None:
+        self.__dict__.pop("_high_precision_init_val", None)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         from ..kernels import dequantize
@@ -88,17 +130,21 @@ class Float8Tensor(torch.Tensor):
         if func in (aten.detach.default, aten.alias.default):
             src = args[0]
             out = Float8Tensor(src._data, src._scale_inv, src.dtype)
-            out._transpose_cache = src._transpose_cache
-            return out
+            out._transpose_cache, out._quantizer = src._transpose_cache, src._quantizer
+            return copy_user_attributes(src, out)
         if func is aten.clone.default and isinstance(args[0], Float8Tensor):
             src = args[0]
-            return Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
+            out = Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
+            out._quantizer = src._quantizer
+            return copy_user_attributes(src, out)
         if func is aten._to_copy.default and isinstance(args[0], Float8Tensor):
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype
             device = kwargs.get("device") or src.device
             if dtype in (torch.float32, torch.float16, torch.bfloat16):
-                return Float8Tensor(src._data.to(device), src._scale_inv.to(device), dtype)
+                out = Float8Tensor(src._data.to(device), src._scale_inv.to(device), dtype)
+                out._quantizer = src._quantizer
+                return copy_user_attributes(src, out)
         if func is aten.copy_.default and isinstance(args[0], Float8Tensor):
             dst, src = args[0], args[1]
             if isinstance(src, Float8Tensor) and src._data.dtype == dst._data.dtype:
