@@ -111,7 +111,8 @@ def test_fp8_needs_multiples_of_16(device):
 
 def test_fp8_on_gpu_without_fp8_raises(monkeypatch):
     dev = torch.device("cuda", 7)
-    monkeypatch.setitem(quantization._SUPPORT_CACHE, 7, (False, "NVIDIA A100 (sm_80) lacks FP8 GEMM support"))
+    from transformer_engine.pytorch import fp8_support
+    monkeypatch.setitem(fp8_support._SUPPORT_CACHE, 7, (False, "NVIDIA A100 (sm_80) lacks FP8 GEMM support"))
     with pytest.raises(NotImplementedError, match="Linear: FP8 autocast is enabled but NVIDIA A100 .*lacks FP8"):
         quantization.require_fp8_support(dev, "Linear")
 

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .collectives import all_gather_first_dim
 from .quantization import FP8GlobalState
 
 __all__ = ["checkpoint"]
@@ -61,7 +62,6 @@ def _split_saved(t, tp_group):
 
 
 def _gather_saved(chunk, shape, tp_group):
-    from .distributed import all_gather_first_dim
     return all_gather_first_dim(chunk, tp_group).view(shape)
 
 

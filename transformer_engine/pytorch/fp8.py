@@ -7,4 +7,4 @@ from .quantization import (  # noqa: F401
     FP8GlobalStateManager, autocast, check_fp8_block_scaling_support, check_fp8_support,
     check_mxfp8_support, check_nvfp4_support, check_recipe_support, fp8_autocast, fp8_model_init,
     get_default_fp8_recipe, is_fp8_available, quantized_model_init)
-from .fp8_state_manager import get_fp8_max, get_fp8_torch_dtype  # noqa: F401
+from .quantization import get_fp8_max, get_fp8_torch_dtype  # noqa: F401

@@ -38,6 +38,10 @@ import torch
 from ..common import fp8_formats
 from ..common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from . import native
+from .fp8_support import (  # noqa: F401  (re-exported: NV TE's names live here)
+    check_fp8_block_scaling_support, check_fp8_support, check_mxfp8_support,
+    check_nvfp4_support, is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available,
+    is_nvfp4_available, require_fp8_support)
 
 __all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init", "is_fp8_available",
            "is_mxfp8_available", "is_nvfp4_available", "is_fp8_block_scaling_available",
@@ -46,90 +50,9 @@ __all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init",
            "get_default_fp8_recipe", "RecipeState", "FP8GlobalState", "FP8GlobalStateManager"]
 
 
-# ----- device support ---------------------------------------------------------------------------
-
-def _fp8_support(device=None) -> Tuple[bool, str]:
-    """(True, "") when FP8 GEMMs run natively on the device (default: the current GPU), else
-    (False, why). CPU tensors always run FP8 emulated on the reference backend."""
-    if device is not None and torch.device(device).type == "cpu":
-        return True, "reference backend: FP8 emulated in plain torch"
-    if not torch.cuda.is_available():
-        return False, "no GPU visible to torch (FP8 runs emulated on CPU tensors only)"
-    cap = native.capability(device)
-    name = cap.device or cap.arch or "this GPU"
-    if cap.backend == "reference":
-        return False, f"{name}: {cap.reason}"
-    if not cap.has_fp8 or not cap.fp8_gemm:
-        return False, f"{name} ({cap.arch}) lacks FP8 GEMM support: {cap.reason}"
-    return True, ""
-
-
-def _block_scaled_support(recipe_name: str) -> Tuple[bool, str]:
-    """Block-scaled recipes (MXFP8, NVFP4, Float8BlockScaling) run on no device here."""
-    from ..common import recipe as recipes
-    return False, getattr(recipes, recipe_name)().unsupported_reason()
-
-
-def check_fp8_support() -> Tuple[bool, str]:
-    """(whether the current GPU runs FP8 GEMMs natively, why not)."""
-    return _fp8_support()
-
-
-def check_mxfp8_support() -> Tuple[bool, str]:
-    return _block_scaled_support("MXFP8BlockScaling")
-
-
-def check_nvfp4_support() -> Tuple[bool, str]:
-    return _block_scaled_support("NVFP4BlockScaling")
-
-
-def check_fp8_block_scaling_support() -> Tuple[bool, str]:
-    return _block_scaled_support("Float8BlockScaling")
-
-
-def _answer(result: Tuple[bool, str], return_reason: bool):
-    return result if return_reason else result[0]
-
-
-def is_fp8_available(return_reason: bool = False, device=None):
-    """Whether FP8 runs natively on `device` (default: the current GPU; "cpu": the emulated
-    reference, always True). A bool, or (bool, reason) with return_reason=True."""
-    if not isinstance(return_reason, bool):
-        raise TypeError(f"is_fp8_available: return_reason must be a bool, got {return_reason!r} "
-                        "(pass the device as device=...)")
-    return _answer(_fp8_support(device), return_reason)
-
-
-def is_mxfp8_available(return_reason: bool = False):
-    return _answer(check_mxfp8_support(), return_reason)
-
-
-def is_nvfp4_available(return_reason: bool = False):
-    return _answer(check_nvfp4_support(), return_reason)
-
-
-def is_fp8_block_scaling_available(return_reason: bool = False):
-    return _answer(check_fp8_block_scaling_support(), return_reason)
-
-
 def check_recipe_support(recipe: Recipe) -> None:
     """Raises when the recipe cannot run here (see _check_recipe)."""
     _check_recipe(recipe, "check_recipe_support")
-
-
-_SUPPORT_CACHE: dict = {}
-
-
-def require_fp8_support(device: torch.device, who: str) -> None:
-    """Raises a clear error when FP8 is asked for on a GPU that cannot run it."""
-    if device.type != "cuda":
-        return
-    key = device.index
-    ok = _SUPPORT_CACHE.get(key)
-    if ok is None:
-        ok = _SUPPORT_CACHE[key] = _fp8_support(device)
-    if not ok[0]:
-        raise NotImplementedError(f"{who}: FP8 autocast is enabled but {ok[1]}")
 
 
 def get_default_recipe() -> Recipe:
@@ -741,4 +664,105 @@ def flush_deferred_updates() -> None:
 _ALGO_CODE = {"max": 0, "most_recent": 1}
 
 
-from .fp8_state_manager import FP8GlobalStateManager  # noqa: E402,F401  (uses the names above)
+# ----- NVIDIA TE's class-method view of the autocast state ---------------------------------------
+
+class FP8GlobalStateManager:
+    """Class methods over the process-wide FP8 state (no instances)."""
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return FP8GlobalState.enabled
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return FP8GlobalState.calibrating
+
+    @classmethod
+    def with_fp8_parameters(cls) -> bool:
+        """Whether modules built now keep FP8-only weights (inside quantized_model_init)."""
+        return FP8GlobalState.model_init
+
+    @classmethod
+    def with_high_precision_init_val(cls) -> bool:
+        return FP8GlobalState.model_init_keep_hp
+
+    @classmethod
+    def fp8_graph_capturing(cls) -> bool:
+        """Whether FP8 is on while the current CUDA stream is being captured into a graph."""
+        return (FP8GlobalState.enabled and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing())
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        """True inside an autocast until the first FP8 module of its outermost context ran."""
+        return FP8GlobalState.is_first_fp8_module()
+
+    @classmethod
+    def get_fp8_recipe(cls):
+        """The recipe of the current autocast, else the default recipe."""
+        s = FP8GlobalState
+        return s.recipe if s.recipe is not None else get_default_recipe()
+
+    @classmethod
+    def get_fp8_group(cls):
+        return FP8GlobalState.group
+
+    @classmethod
+    def get_autocast_state(cls) -> Tuple:
+        s = FP8GlobalState
+        return (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase)
+
+    @classmethod
+    def set_autocast_state(cls, state: Tuple) -> None:
+        s = FP8GlobalState
+        (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase) = state
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to no autocast and no model-init context; pending updates are run first."""
+        flush_deferred_updates()
+        s = FP8GlobalState
+        s.enabled = s.calibrating = False
+        s.recipe = s.group = s.step = None
+        s.depth = 0
+        s.recompute_phase = 0
+        s.model_init, s.model_init_recipe, s.model_init_keep_hp = False, None, False
+
+    @classmethod
+    def is_fp8_available(cls) -> Tuple[bool, str]:
+        return check_fp8_support()
+
+    @classmethod
+    def is_mxfp8_available(cls) -> Tuple[bool, str]:
+        return check_mxfp8_support()
+
+    @classmethod
+    def is_fp8_block_scaling_available(cls) -> Tuple[bool, str]:
+        return check_fp8_block_scaling_support()
+
+    @classmethod
+    def is_nvfp4_available(cls) -> Tuple[bool, str]:
+        return check_nvfp4_support()
+
+    @staticmethod
+    def get_fp8_torch_dtype(recipe, fprop_tensor: bool = True,
+                            device: Optional[torch.device] = None) -> torch.dtype:
+        return get_fp8_torch_dtype(recipe, fprop_tensor, device)
+
+
+def get_fp8_torch_dtype(recipe, fprop_tensor: bool = True,
+                        device: Optional[torch.device] = None) -> torch.dtype:
+    """The torch FP8 dtype a recipe uses for forward (fprop_tensor) or backward tensors on a
+    device (default: the current GPU, else OCP)."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    fmt = recipe.fp8_format.value
+    return getattr(torch, fp8_formats.fp8_dtype_name(fmt.fwd if fprop_tensor else fmt.bwd,
+                                                     _flavor(torch.device(device))))
+
+
+def get_fp8_max(recipe, fprop_tensor: bool = True, device: Optional[torch.device] = None) -> float:
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    fmt = recipe.fp8_format.value
+    return fp8_formats.fp8_max(fmt.fwd if fprop_tensor else fmt.bwd, _flavor(torch.device(device)))
