@@ -37,8 +37,20 @@ __all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init",
 # ----- device support ---------------------------------------------------------------------------
 
 def is_fp8_available(device=None) -> Tuple[bool, str]:
-    """(True, "") when FP8 GEMMs run natively on the device (default: the current GPU), else
-    (False, why). CPU tensors always run FP8 emulated on the reference backend."""
+    """Whether FP8 GEMMs run natively on a device, and if not, why.
+
+    Parameters
+    ----------
+    device : torch.device, str or int, optional
+        The device to ask about (default: the current GPU). For a CPU device the answer is True:
+        FP8 is emulated in plain PyTorch on the reference backend.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        ``(True, "")`` on NVIDIA sm_89+ and AMD gfx942/gfx950 with the native library, else
+        ``(False, reason)``.
+    """
     if device is not None and torch.device(device).type == "cpu":
         return True, "reference backend: FP8 emulated in plain torch"
     if not torch.cuda.is_available():
@@ -237,25 +249,100 @@ def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
 
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
              amax_reduction_group=None, _graph: bool = False):
-    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
+    """Run Transformer Engine modules in FP8 inside the context.
 
-    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
-    outermost context exits."""
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    amax_reduction_group : torch.distributed.ProcessGroup, optional
+        With delayed scaling and ``recipe.reduce_amax``, amaxes are reduced (maximum) over this
+        group before the scales are updated, so that all ranks use the same scales.
+
+    Examples
+    --------
+    >>> with te.autocast(enabled=True, recipe=recipe.DelayedScaling()):
+    ...     out = model(inp)
+    >>> out.sum().backward()
+    """
     return _autocast_context(enabled, calibrating, recipe, amax_reduction_group)
 
 
 def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
                  fp8_group=None, _graph: bool = False):
-    """The older name of `autocast` (fp8_recipe -> recipe, fp8_group -> amax_reduction_group)."""
+    """Run Transformer Engine modules in FP8 inside the context.
+
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    This is the older name of :func:`autocast`, with the older argument names.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    fp8_recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    fp8_group : torch.distributed.ProcessGroup, optional
+        The amax reduction group (``amax_reduction_group`` of :func:`autocast`).
+    """
     return _autocast_context(enabled, calibrating, fp8_recipe, fp8_group)
 
 
 @contextlib.contextmanager
 def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                          preserve_high_precision_init_val: bool = False):
-    """Modules created inside keep their weights only as FP8 tensors (Float8Tensor): no
-    high-precision copy. `preserve_high_precision_init_val` is accepted for API parity; the
-    initial values are not kept (that is the memory this saves)."""
+    """Create modules whose weights are stored only in FP8.
+
+    Weights of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP` created inside
+    the context are :class:`Float8Tensor` parameters with no high-precision copy, which halves (or
+    quarters) their memory. They are cast once at creation with their own amax (current scaling);
+    in-place updates (e.g. by the optimizer) requantise them. Works on every backend with FP8
+    support.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Accepted for compatibility; the high-precision initial values are not kept.
+    """
     s = FP8GlobalState
     saved = (s.model_init, s.model_init_recipe)
     s.model_init = bool(enabled)
@@ -269,7 +356,20 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                    preserve_high_precision_init_val: bool = False):
-    """The older name of `quantized_model_init`."""
+    """Create modules whose weights are stored only in FP8 (older name of :func:`quantized_model_init`).
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Accepted for compatibility; the high-precision initial values are not kept.
+    """
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
 

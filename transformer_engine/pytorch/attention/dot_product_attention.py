@@ -248,13 +248,15 @@ class DotProductAttention(torch.nn.Module):
             Values ``[..., num_gqa_groups, head_dim_v]``.
         attention_mask : torch.Tensor or tuple of torch.Tensor, optional
             For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
-            positions (sequences are right-padded), or a pair of them for queries and keys; ignored when
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
             ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
             ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
         qkv_format : {'sbhd', 'bshd', 'thd'}, optional
             Overrides the constructor's layout for this call.
         cu_seqlens_q : torch.Tensor, optional
-            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on the
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
             tensors' device; required with ``'thd'`` and accepted with padding mask types.
         cu_seqlens_kv : torch.Tensor, optional
             The same for keys and values (default: ``cu_seqlens_q``).

@@ -280,7 +280,8 @@ class MultiheadAttention(torch.nn.Module):
             (``'bshd'``) or ``[tokens, hidden_size]`` (``'thd'``).
         attention_mask : torch.Tensor or tuple of torch.Tensor, optional
             For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
-            positions (sequences are right-padded), or a pair of them for queries and keys; ignored when
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
             ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
             ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
         encoder_output : torch.Tensor, optional
@@ -290,9 +291,11 @@ class MultiheadAttention(torch.nn.Module):
         window_size : tuple of (int, int), optional
             Overrides the constructor's window for this call.
         is_first_microbatch : bool, optional
-            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a step
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
             (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
-            copy is reused, as the weights do not change within a step). ``None`` (default) casts the
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
             weight on every call.
         checkpoint_core_attention : bool, default False
             Recompute the attention in the backward pass instead of saving its intermediate results
@@ -303,7 +306,8 @@ class MultiheadAttention(torch.nn.Module):
             Supported with ``'sbhd'`` and ``'bshd'``.
         rotary_pos_emb : torch.Tensor or tuple of torch.Tensor, optional
             Rotary position embedding frequencies ``[seq, 1, 1, dim]`` from
-            :class:`RotaryPositionEmbedding`, applied to queries and keys (a pair applies the first to
+            :class:`RotaryPositionEmbedding`, applied to queries and keys (a pair applies the first
+            to
             the queries and the second to the keys).
         core_attention_bias_type : {'no_bias', 'post_scale_bias'}, default 'no_bias'
             ``'post_scale_bias'`` adds ``core_attention_bias`` to the scaled scores before the
@@ -313,7 +317,8 @@ class MultiheadAttention(torch.nn.Module):
         alibi_slopes : torch.Tensor, optional
             Not implemented; must be ``None``.
         cu_seqlens_q : torch.Tensor, optional
-            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on the
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
             tensors' device; required with ``'thd'`` and accepted with padding mask types.
         cu_seqlens_kv : torch.Tensor, optional
             The same for keys and values (default: ``cu_seqlens_q``).

@@ -223,7 +223,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         Parameters
         ----------
         inp : torch.Tensor
-            The call's input; its dtype is used unless ``torch.autocast`` is active on its device, in
+            The call's input; its dtype is used unless ``torch.autocast`` is active on its device,
+            in
             which case the autocast dtype is.
         """
         kind = "cuda" if inp.is_cuda else inp.device.type

@@ -13,7 +13,8 @@ from .base import default_device
 class LayerNorm(torch.nn.Module):
     """LayerNorm over the last dimension with native forward and backward kernels.
 
-    Computes ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta``. The kernels run on NVIDIA and AMD GPUs for float32, bfloat16 and
+    Computes ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta``. The kernels run on NVIDIA
+    and AMD GPUs for float32, bfloat16 and
     float16 inputs; elsewhere the reference implementation computes the same in float32.
 
     Parameters

@@ -118,7 +118,10 @@ class LayerNormLinear(TransformerEngineBaseModule):
 
     Computes ``y = norm(x) W^T + b``. Under FP8 the norm kernel writes its output directly in FP8
     (and its transpose for the weight gradient), so the normalised activations never round-trip
-    through memory in high precision. FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference backend (CPU or any device without the native library). Under FP8 the token count and both feature sizes
+    through memory in high precision. FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). Under FP8 the token count and both
+    feature sizes
     must be multiples of 16.
 
     Parameters
@@ -253,7 +256,8 @@ class LayerNormLinear(TransformerEngineBaseModule):
     def reset_parameters(self, defer_init: bool = False) -> None:
         """(Re)initialise the parameters in place.
 
-        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights get
+        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights
+        get
         ``init_method`` and biases zeros. Use it after creating the module on ``device='meta'`` and
         calling ``to_empty()``.
 
@@ -287,12 +291,15 @@ class LayerNormLinear(TransformerEngineBaseModule):
         inp : torch.Tensor
             Input of shape ``[..., in_features]``, float32, bfloat16 or float16.
         is_first_microbatch : bool, optional
-            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a step
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
             (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
-            copy is reused, as the weights do not change within a step). ``None`` (default) casts the
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
             weight on every call.
         fp8_output : bool, default False
-            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned in
+            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned
+            in
             the activation dtype.
         fp8_grad : bool, default False
             Accepted for compatibility; the input gradient is returned in the activation dtype.

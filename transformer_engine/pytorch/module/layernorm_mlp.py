@@ -232,7 +232,10 @@ class LayerNormMLP(TransformerEngineBaseModule):
     """A normalisation followed by a two-layer MLP, fused: ``FC2(act(FC1(norm(x))))``.
 
     Under FP8 the norm writes FP8 directly, the activation kernel casts its output to FP8 as it
-    writes it, and the backward fuses the activation's derivative with the bias gradient. FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference backend (CPU or any device without the native library).
+    writes it, and the backward fuses the activation's derivative with the bias gradient. FP8 runs
+    on NVIDIA sm_89 and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and
+    gfx950 (OCP), and emulated on the reference backend (CPU or any device without the native
+    library).
     Under FP8 the token count, ``hidden_size`` and ``ffn_hidden_size`` must be multiples of 16.
 
     Parameters
@@ -366,7 +369,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def reset_parameters(self, defer_init: bool = False) -> None:
         """(Re)initialise the parameters in place.
 
-        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights get
+        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights
+        get
         ``init_method`` and biases zeros. Use it after creating the module on ``device='meta'`` and
         calling ``to_empty()``.
 
@@ -389,7 +393,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def residual_in_gemm(self) -> bool:
         """Whether a residual connection around this block can be added inside FC2's GEMM.
 
-        True when FC2's output is complete on this rank with its bias added in the GEMM and the norm's
+        True when FC2's output is complete on this rank with its bias added in the GEMM and the
+        norm's
         output is not returned. Used by :class:`TransformerLayer` to fuse its residual add.
         """
         return not (self.return_bias or self.return_layernorm_output
@@ -404,9 +409,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
         inp : torch.Tensor
             Input of shape ``[..., hidden_size]``, float32, bfloat16 or float16.
         is_first_microbatch : bool, optional
-            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a step
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
             (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
-            copy is reused, as the weights do not change within a step). ``None`` (default) casts the
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
             weight on every call.
 
         Returns

@@ -345,7 +345,10 @@ class Linear(TransformerEngineBaseModule):
 
     Outside an FP8 autocast the GEMM runs in the input's dtype (float32, bfloat16 or float16;
     ``torch.autocast`` is respected). Inside one, the input, the weight and the output gradient are
-    cast to FP8 as the recipe says and the GEMMs run on FP8 tensor cores. FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference backend (CPU or any device without the native library). Under FP8 the
+    cast to FP8 as the recipe says and the GEMMs run on FP8 tensor cores. FP8 runs on NVIDIA sm_89
+    and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP),
+    and emulated on the reference backend (CPU or any device without the native library). Under FP8
+    the
     number of tokens (the product of the input's leading dimensions) and both feature sizes must be
     multiples of 16.
 
@@ -474,7 +477,8 @@ class Linear(TransformerEngineBaseModule):
         """(Re)initialise the parameters in place.
 
         Weights get ``init_method``, biases zeros. Use it after creating the module on
-        ``device='meta'`` and calling ``to_empty()``. Under :func:`quantized_model_init` the weights are
+        ``device='meta'`` and calling ``to_empty()``. Under :func:`quantized_model_init` the
+        weights are
         then stored in FP8.
 
         Parameters
@@ -524,9 +528,11 @@ class Linear(TransformerEngineBaseModule):
         inp : torch.Tensor
             Input of shape ``[..., in_features]``, float32, bfloat16 or float16.
         is_first_microbatch : bool, optional
-            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a step
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
             (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
-            copy is reused, as the weights do not change within a step). ``None`` (default) casts the
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
             weight on every call.
         weight : torch.Tensor, optional
             The weight ``[out_features, in_features]`` to use; required (only) when the module was
@@ -534,7 +540,8 @@ class Linear(TransformerEngineBaseModule):
         bias : torch.Tensor, optional
             The bias ``[out_features]`` to use together with ``weight``.
         fp8_output : bool, default False
-            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned in
+            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned
+            in
             the activation dtype.
         fp8_grad : bool, default False
             Accepted for compatibility; the input gradient is returned in the activation dtype.

@@ -13,7 +13,8 @@ from ._norm import param_for, reset_norm_params
 class RMSNorm(torch.nn.Module):
     """RMSNorm over the last dimension with native forward and backward kernels.
 
-    Computes ``y = x / sqrt(mean(x**2) + eps) * gamma``. The kernels run on NVIDIA and AMD GPUs for float32, bfloat16 and
+    Computes ``y = x / sqrt(mean(x**2) + eps) * gamma``. The kernels run on NVIDIA and AMD GPUs for
+    float32, bfloat16 and
     float16 inputs; elsewhere the reference implementation computes the same in float32.
 
     Parameters
