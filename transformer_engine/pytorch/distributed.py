@@ -107,7 +107,7 @@ class CudaRNGStatesTracker:
 
     @contextlib.contextmanager
     def fork(self, name: str = DEFAULT_RNG_STATE_NAME):
-        """Context manager: run the body with state ``name``, then store it and restore the caller's state.
+        """Context manager: run the body with state ``name``, then restore the caller's state.
 
         Parameters
         ----------

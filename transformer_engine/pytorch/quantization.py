@@ -356,7 +356,7 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                    preserve_high_precision_init_val: bool = False):
-    """Create modules whose weights are stored only in FP8 (older name of :func:`quantized_model_init`).
+    """Create modules whose weights are stored only in FP8 (the older :func:`quantized_model_init`).
 
     Parameters
     ----------

@@ -25,7 +25,7 @@ _OP = "MultiheadAttention"
 
 
 class MultiheadAttention(torch.nn.Module):
-    """Multi-head self- or cross-attention: norm (optional), QKV projection, attention, output projection.
+    """Multi-head self- or cross-attention: optional norm, QKV projection, attention, projection.
 
     The projections are :class:`LayerNormLinear`/:class:`Linear` (FP8 under :func:`autocast`) and
     the core is :class:`DotProductAttention`, which picks the attention backend per call.

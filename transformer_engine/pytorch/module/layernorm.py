@@ -52,7 +52,7 @@ class LayerNorm(torch.nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool = False) -> None:
-        """(Re)initialise the parameters in place: the scale to ones (zeros with zero_centered_gamma), the bias to zeros.
+        """(Re)initialise the parameters in place: scale ones (zeros if zero-centred), bias zeros.
 
         Parameters
         ----------

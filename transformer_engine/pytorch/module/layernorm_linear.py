@@ -245,7 +245,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
             self._reset_norm()
 
     def norm_tp(self):
-        """The tensor-parallel layout of the norm's input: how the fused norm gathers a sequence-parallel input before the GEMM (none without tensor parallelism)."""
+        """The tensor-parallel layout of the norm's input.
+
+        How the fused norm gathers a sequence-parallel input before the GEMM (nothing to do
+        without tensor parallelism).
+        """
         if self.parallel_mode != "column" or self.tp_size == 1:
             return _parallel.NO_TP
         return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)

@@ -51,7 +51,7 @@ class RMSNorm(torch.nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool = False) -> None:
-        """(Re)initialise the parameters in place: the scale to ones (zeros with zero_centered_gamma).
+        """(Re)initialise the parameters in place: the scale to ones (zeros if zero-centred).
 
         Parameters
         ----------
