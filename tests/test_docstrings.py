@@ -121,3 +121,23 @@ def test_every_argument_is_documented(qual, obj, args):
     assert doc and len(doc.strip()) > 20, f"{qual} has no docstring"
     missing = [a for a in args if a not in documented_parameters(doc)]
     assert not missing, f"{qual}: arguments without a 'name : type' entry under Parameters: {missing}"
+
+
+API_PAGES = {"transformer_engine.pytorch": "pytorch.rst", "transformer_engine.jax": "jax.rst",
+             "transformer_engine.jax.flax": "flax.rst",
+             "transformer_engine.common.recipe": "recipe.rst"}
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_every_public_name_has_an_api_page_entry(pkg):
+    """docs/api lists each public class and function of the package (one autodoc directive
+    each), so that a new export cannot be left out of the Sphinx site."""
+    import os
+    page = os.path.join(os.path.dirname(__file__), "..", "docs", "api", API_PAGES[pkg])
+    text = open(page).read()
+    mod = importlib.import_module(pkg)
+    missing = [name for name, obj in vars(mod).items()
+               if not name.startswith("_") and not isinstance(obj, types.ModuleType)
+               and (not callable(obj) or _ours(obj))
+               and not re.search(rf"^\.\. (autoclass|autofunction|data):: {name}$", text, re.M)]
+    assert not missing, f"docs/api/{API_PAGES[pkg]} lacks {missing}"
