@@ -73,11 +73,11 @@ def sorted_exactly(model, inputs: torch.Tensor) -> float:
 
 def main() -> int:
     has_gpu = torch.cuda.is_available()
-    args = common.parse_args(__doc__.splitlines()[0], full_steps=2000, quick_steps=10,
+    args = common.parse_args(__doc__.splitlines()[0], full_steps=2000, quick_steps=6,
                              has_gpu=has_gpu)
     device = "cuda" if has_gpu else "cpu"
     gen = torch.Generator().manual_seed(args.seed)
-    test_inputs, _ = make_batch(TEST_SEQUENCES if not args.quick else 64, gen, device)
+    test_inputs, _ = make_batch(TEST_SEQUENCES if not args.quick else 32, gen, device)
     batches = [make_batch(BATCH, gen, device) for _ in range(args.steps)]
     fp8_recipe = recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16,
                                        amax_compute_algo="max")
