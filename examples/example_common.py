@@ -41,9 +41,30 @@ def parse_args(description: str, full_steps: int, quick_steps: int, has_gpu: boo
     return args
 
 
+class _PlainProgress:
+    """Stand-in for tqdm where it is not installed: a line every tenth of the run."""
+
+    def __init__(self, steps: int, desc: str, disable: bool):
+        self.steps, self.desc, self.disable, self.postfix = steps, desc, disable, {}
+
+    def __iter__(self):
+        every = max(1, self.steps // 10)
+        for i in range(self.steps):
+            yield i
+            if not self.disable and ((i + 1) % every == 0 or i + 1 == self.steps):
+                extra = " ".join(f"{k}={v}" for k, v in self.postfix.items())
+                print(f"{self.desc}: {i + 1}/{self.steps} {extra}", flush=True)
+
+    def set_postfix(self, refresh: bool = True, **values):
+        self.postfix = values
+
+
 def progress(steps: int, desc: str, disable: bool = False):
     """A tqdm progress bar over range(steps); its postfix shows the running loss."""
-    from tqdm.auto import tqdm
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PlainProgress(steps, desc, disable)
     return tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, disable=disable)
 
 
@@ -70,16 +91,17 @@ def smooth(values: List[float], window: int) -> List[float]:
     return out
 
 
-def report(name: str, title: str, metric_name: str, results: Dict, args, device: str) -> int:
-    """Print the final metric of each run, write <name>.png and <name>.json (suffix _quick in
-    quick mode) into args.out, and return the exit status: 1 when a full-length FP8 run lands
-    more than FP8_TOLERANCE_POINTS below or above BF16."""
-    import matplotlib
+def plot_curves(path: str, title: str, metric_name: str, results: Dict, args, device: str) -> bool:
+    """The smoothed training loss of each run on one log-scale plot; False (and a note) when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written to {path}")
+        return False
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, name + ("_quick" if args.quick else ""))
     window = max(1, min(50, args.steps // 20))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for precision, style in (("bf16", "-"), ("fp8", "--")):
@@ -94,9 +116,18 @@ def report(name: str, title: str, metric_name: str, results: Dict, args, device:
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
+
+def report(name: str, title: str, metric_name: str, results: Dict, args, device: str) -> int:
+    """Print the final metric of each run, write <name>.png and <name>.json (suffix _quick in
+    quick mode) into args.out, and return the exit status: 1 when a full-length FP8 run lands
+    more than FP8_TOLERANCE_POINTS below or above BF16."""
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, name + ("_quick" if args.quick else ""))
+    plotted = plot_curves(stem + ".png", title, metric_name, results, args, device)
     gap = results["fp8"]["metric"] - results["bf16"]["metric"]
     summary = {
         "example": name, "device": device, "steps": args.steps, "quick": args.quick,
@@ -112,7 +143,8 @@ def report(name: str, title: str, metric_name: str, results: Dict, args, device:
     for precision, r in results.items():
         print(f"{name} {precision.upper()}: final {metric_name} {r['metric']:.2f}, "
               f"final loss {r['losses'][-1]:.4f}, {r['seconds']:.1f} s")
-    print(f"{name}: FP8 - BF16 = {gap:+.2f} {metric_name} points; wrote {stem}.png and {stem}.json")
+    written = f"{stem}.png and {stem}.json" if plotted else f"{stem}.json"
+    print(f"{name}: FP8 - BF16 = {gap:+.2f} {metric_name} points; wrote {written}")
     if args.quick:
         return 0
     if abs(gap) > FP8_TOLERANCE_POINTS:
