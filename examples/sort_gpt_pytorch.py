@@ -15,8 +15,8 @@ import example_common as common
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
-LENGTH = 8          # digits to sort
-VOCAB = 4           # digit values 0..VOCAB-1
+LENGTH = 6          # digits to sort
+VOCAB = 3           # digit values 0..VOCAB-1
 CONTEXT = 2 * LENGTH - 1  # the model sees the input and all but the last sorted token
 HIDDEN, HEADS, LAYERS = 128, 4, 3
 BATCH = 128         # BATCH * CONTEXT tokens: a multiple of 16, as FP8 GEMMs need
