@@ -43,7 +43,13 @@ def _current_flavor() -> str:
 
 
 class Format(enum.Enum):
-    """E4M3 everywhere, E5M2 everywhere, or HYBRID: E4M3 forward and E5M2 for gradients."""
+    """The FP8 formats a recipe uses for forward and backward tensors.
+
+    ``E4M3``: E4M3 everywhere (more precision, max 448, or 240 on AMD gfx942). ``E5M2``: E5M2
+    everywhere (more range, max 57344). ``HYBRID``: E4M3 for activations and weights, E5M2 for
+    gradients, the usual choice for training. Each member's value has ``fwd`` and ``bwd`` format
+    names and ``max_fwd``/``max_bwd`` for the current device.
+    """
     E4M3 = _FormatHelper(fwd=fp8_formats.E4M3, bwd=fp8_formats.E4M3)
     E5M2 = _FormatHelper(fwd=fp8_formats.E5M2, bwd=fp8_formats.E5M2)
     HYBRID = _FormatHelper(fwd=fp8_formats.E4M3, bwd=fp8_formats.E5M2)
@@ -52,24 +58,48 @@ class Format(enum.Enum):
 
 
 class Recipe:
-    """Base class; the predicates let callers branch on the recipe family."""
+    """Base class of the FP8 recipes; its predicates let callers branch on the recipe family."""
 
     def delayed(self) -> bool:
+        """Whether this recipe is delayed scaling.
+
+        Returns
+        -------
+        bool
+            True for :class:`DelayedScaling`.
+        """
         return isinstance(self, DelayedScaling)
 
     def float8_current_scaling(self) -> bool:
+        """Whether this recipe is per-tensor current scaling.
+
+        Returns
+        -------
+        bool
+            True for :class:`Float8CurrentScaling`.
+        """
         return isinstance(self, Float8CurrentScaling)
 
     def float8_per_tensor_scaling(self) -> bool:
+        """Whether this recipe scales each tensor with one factor.
+
+        Returns
+        -------
+        bool
+            True for delayed and current scaling.
+        """
         return self.delayed() or self.float8_current_scaling()
 
     def mxfp8(self) -> bool:
+        """Whether this recipe is MXFP8 block scaling."""
         return isinstance(self, MXFP8BlockScaling)
 
     def float8_block_scaling(self) -> bool:
+        """Whether this recipe is FP8 block scaling (1x128 / 128x128 blocks)."""
         return isinstance(self, Float8BlockScaling)
 
     def nvfp4(self) -> bool:
+        """Whether this recipe is NVFP4."""
         return isinstance(self, NVFP4BlockScaling)
 
     def custom(self) -> bool:
@@ -152,14 +182,40 @@ _AMAX_ALGOS = ("max", "most_recent")
 @_accepts_legacy_fields
 @dataclasses.dataclass()
 class DelayedScaling(Recipe):
-    """Per-tensor scaling from a history of amax values of earlier steps.
+    """Per-tensor FP8 scaling from the amax history of earlier steps.
 
-    After each step, for every FP8 tensor: amax = reduce(history) (amax_compute_algo: 'max',
-    'most_recent', or a callable taking the [len, n] history), then
-    scale = (fp8_max / amax) / 2**margin, keeping the old scale where amax is 0 or not finite
-    (or where scaling_factor_compute_algo, a callable (amax, scale, fp8_max, recipe) -> scale,
-    says otherwise). With reduce_amax, amaxes are reduced over the autocast's group first.
-    fp8_dpa / fp8_mha (FP8 attention) and backward_override are accepted only off.
+    Each FP8 tensor of a module keeps a history of its absolute maxima (amax). A step casts with
+    the current scale and records its amax; after the step, on the device,
+    ``amax = reduce(history)`` and ``scale = fp8_max / amax / 2**margin``. Where amax is zero or
+    not finite the previous scale is kept. Supported by the PyTorch and JAX frontends on every
+    backend (NVIDIA sm_89+, AMD gfx942/gfx950, emulated on the CPU).
+
+    Parameters
+    ----------
+    margin : int, default 0
+        Extra headroom: the scale is divided by ``2 ** margin``; must be >= 0.
+    interval : int, default 1
+        Deprecated; only 1 (update after every step) is accepted.
+    fp8_format : Format, default Format.HYBRID
+        The FP8 formats: ``Format.HYBRID`` (E4M3 for activations and weights, E5M2 for gradients),
+        ``Format.E4M3`` (everywhere) or ``Format.E5M2``. The maxima follow the device: E4M3 448 on
+        NVIDIA, AMD gfx950 and the CPU (OCP), 240 on AMD gfx942 (FNUZ).
+    amax_history_len : int, default 1024
+        Number of steps of amax history kept per tensor (>= 1).
+    amax_compute_algo : {'max', 'most_recent'} or callable, default 'max'
+        How the history is reduced to one amax: its maximum, the latest value, or a callable taking
+        the ``[history_len, n]`` history tensor and returning ``[n]``.
+    scaling_factor_compute_algo : callable, optional
+        A custom scale computation ``(amax, scale, fp8_max, recipe) -> scale``. Not supported by
+        the modules (they raise NotImplementedError); ``None`` uses the formula above.
+    reduce_amax : bool, default True
+        In distributed training, reduce the amaxes (maximum) over the autocast's amax reduction
+        group before the update, so that all ranks use the same scales.
+    fp8_dpa : bool, default False
+        FP8 attention (the attention's own GEMMs in FP8) is not implemented: only False is
+        accepted; the attention's GEMMs run in the activation dtype.
+    fp8_mha : bool, default False
+        As ``fp8_dpa``: only False is accepted.
     """
     margin: int = 0
     fp8_format: Format = Format.HYBRID
@@ -191,10 +247,26 @@ class DelayedScaling(Recipe):
 @_accepts_legacy_fields
 @dataclasses.dataclass()
 class Float8CurrentScaling(Recipe):
-    """Per-tensor scaling from the tensor's own amax, computed just before each cast:
-    scale = fp8_max / amax (a power of two below it when use_power_2_scales). The GEMM options
-    (fp8_gemm_*) are accepted at their defaults: fprop with FP8 fast accumulation, dgrad and
-    wgrad with split accumulation, which is what the modules do."""
+    """Per-tensor FP8 scaling from each tensor's own amax, computed just before its cast.
+
+    ``scale = fp8_max / amax(tensor)``; no state is kept between steps, which makes it suited to
+    ``torch.compile`` and to tensors whose range changes quickly. Supported by the PyTorch and JAX
+    frontends on every backend.
+
+    Parameters
+    ----------
+    fp8_format : Format, default Format.HYBRID
+        The FP8 formats: ``Format.HYBRID`` (E4M3 for activations and weights, E5M2 for gradients),
+        ``Format.E4M3`` (everywhere) or ``Format.E5M2``. The maxima follow the device: E4M3 448 on
+        NVIDIA, AMD gfx950 and the CPU (OCP), 240 on AMD gfx942 (FNUZ).
+    use_power_2_scales : bool, default False
+        Round each scale down to a power of two, so that scaling is exact in binary.
+    fp8_dpa : bool, default False
+        FP8 attention (the attention's own GEMMs in FP8) is not implemented: only False is
+        accepted; the attention's GEMMs run in the activation dtype.
+    fp8_mha : bool, default False
+        As ``fp8_dpa``: only False is accepted.
+    """
     use_power_2_scales: bool = False
     fp8_format: Format = Format.HYBRID
     fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=False)

@@ -36,7 +36,40 @@ def _window_mask(sq, sk, window_size, causal, bottom_right):
 def fused_attn(query, key, value, mask=None, bias=None, scaling_factor: Optional[float] = None,
                attn_mask_type: str = "no_mask", dropout_probability: float = 0.0,
                dropout_rng=None, window_size: Optional[Tuple[int, int]] = None):
-    """softmax(scale * q k^T + bias, masked) v -> [b, sq, hq, d]."""
+    """Scaled dot-product attention, ``softmax(scale * q k^T + bias, masked) v``; differentiable.
+
+    Runs as GEMMs around the native fused softmax (XLA FFI on NVIDIA and AMD GPUs; jnp code on
+    the CPU).
+
+    Parameters
+    ----------
+    query : jax.Array
+        ``[batch, seq_q, heads, dim]``.
+    key : jax.Array
+        ``[batch, seq_k, kv_heads, dim]``; ``heads`` must be a multiple of ``kv_heads`` (GQA).
+    value : jax.Array
+        Same shape as ``key``.
+    mask : jax.Array, optional
+        Boolean ``[batch, 1, seq_q, seq_k]``, True where masked out; used by the padding types.
+    bias : jax.Array, optional
+        Added to the scaled scores, broadcastable to ``[batch, heads, seq_q, seq_k]``.
+    scaling_factor : float, optional
+        Default ``1 / sqrt(dim)``.
+    attn_mask_type : str, default 'no_mask'
+        ``'no_mask'``, ``'padding'``, ``'causal'``, ``'padding_causal'`` or
+        ``'causal_bottom_right'``.
+    dropout_probability : float, default 0.0
+        Dropout on the attention probabilities.
+    dropout_rng : jax.Array, optional
+        PRNG key for the dropout; required when ``dropout_probability > 0``.
+    window_size : tuple of (int, int), optional
+        Sliding window ``(left, right)``; -1 is unbounded.
+
+    Returns
+    -------
+    jax.Array
+        ``[batch, seq_q, heads, dim]``.
+    """
     if attn_mask_type not in MASK_TYPES:
         raise ValueError(f"fused_attn: attn_mask_type is {attn_mask_type!r}; expected {MASK_TYPES}")
     if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:

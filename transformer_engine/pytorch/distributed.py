@@ -32,13 +32,18 @@ _TRACKERS: "weakref.WeakSet" = weakref.WeakSet()
 # ---------------------------------------------------------------------------------------------
 
 class CudaRNGStatesTracker:
-    """Named RNG states that regions of code can fork into, so that, e.g., dropout inside
-    tensor-parallel regions draws different numbers on each TP rank (each rank seeds its own
-    state) while dropout elsewhere stays identical across ranks.
+    """Named random-number-generator states that code regions can fork into.
 
-    The states belong to one torch generator: the current CUDA device's default generator when
-    CUDA is available, else the CPU default generator (so the same code runs on the reference
-    backend). `device="cpu"`/`"cuda"` picks one explicitly.
+    Used so that dropout inside tensor-parallel regions draws different numbers on each rank
+    (each rank seeds its own state) while dropout elsewhere stays identical across ranks. The
+    states belong to one generator: the current CUDA/ROCm device's when a GPU is available, else
+    the CPU generator, so the same code runs on the reference backend.
+
+    Parameters
+    ----------
+    device : {'cuda', 'cpu'}, optional
+        The generator whose states are tracked (default ``'cuda'`` when a GPU is available, else
+        ``'cpu'``).
     """
 
     def __init__(self, device: str | None = None):
@@ -73,14 +78,27 @@ class CudaRNGStatesTracker:
         return dict(self.states_)
 
     def set_states(self, states: dict) -> None:
-        """Replace every state, e.g. with a mapping returned by get_states()."""
+        """Replace every state, e.g. with a mapping returned by :meth:`get_states`.
+
+        Parameters
+        ----------
+        states : dict of str to torch.Tensor
+            Name to generator state.
+        """
         if not isinstance(states, dict):
             raise TypeError(f"CudaRNGStatesTracker.set_states: states must be a dict, got {type(states).__name__}")
         self.states_ = dict(states)
 
     def add(self, name: str, seed: int) -> None:
-        """Create state `name` seeded with `seed`, leaving the current RNG state untouched.
-        Names and seeds must be unique: two states with one seed would draw the same numbers."""
+        """Create a state seeded with ``seed``, leaving the current RNG state untouched.
+
+        Parameters
+        ----------
+        name : str
+            Name of the new state; must be new.
+        seed : int
+            Its seed; must differ from every other state's, or both would draw the same numbers.
+        """
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"CudaRNGStatesTracker.add: seed must be an int, got {type(seed).__name__}")
         if seed in self.seeds_:
@@ -100,7 +118,13 @@ class CudaRNGStatesTracker:
 
     @contextlib.contextmanager
     def fork(self, name: str = DEFAULT_RNG_STATE_NAME):
-        """Run the body with state `name`, then store where it got to and restore the caller's."""
+        """Context manager: run the body with state ``name``, then restore the caller's state.
+
+        Parameters
+        ----------
+        name : str, default 'model-parallel-rng'
+            The state to use; it must have been added with :meth:`add`.
+        """
         if name not in self.states_:
             raise KeyError(f"CudaRNGStatesTracker.fork: no state named {name!r}; add(name, seed) it first "
                            f"(known: {sorted(self.states_)})")

@@ -239,27 +239,103 @@ def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
 
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
              amax_reduction_group=None, _graph: bool = False):
-    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
+    """Run Transformer Engine modules in FP8 inside the context.
 
-    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
-    outermost context exits."""
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    amax_reduction_group : torch.distributed.ProcessGroup, optional
+        With delayed scaling and ``recipe.reduce_amax``, amaxes are reduced (maximum) over this
+        group before the scales are updated, so that all ranks use the same scales.
+
+    Examples
+    --------
+    >>> with te.autocast(enabled=True, recipe=recipe.DelayedScaling()):
+    ...     out = model(inp)
+    >>> out.sum().backward()
+    """
     return _autocast_context(enabled, calibrating, recipe, amax_reduction_group)
 
 
 def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
                  fp8_group=None, _graph: bool = False):
-    """The older name of `autocast` (fp8_recipe -> recipe, fp8_group -> amax_reduction_group)."""
+    """Run Transformer Engine modules in FP8 inside the context.
+
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    This is the older name of :func:`autocast`, with the older argument names.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    fp8_recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    fp8_group : torch.distributed.ProcessGroup, optional
+        The amax reduction group (``amax_reduction_group`` of :func:`autocast`).
+    """
     return _autocast_context(enabled, calibrating, fp8_recipe, fp8_group)
 
 
 @contextlib.contextmanager
 def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                          preserve_high_precision_init_val: bool = False):
-    """Modules created inside keep their weights only as FP8 tensors (Float8Tensor): no
-    high-precision copy on the device. With preserve_high_precision_init_val each such weight
-    also keeps the value it was initialised with, on the CPU: weight.get_high_precision_init_val()
-    returns it and weight.clear_high_precision_init_val() frees it (e.g. once an optimizer's
-    master weights were made from it)."""
+    """Create modules whose weights are stored only in FP8.
+
+    Weights of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP` created inside
+    the context are :class:`Float8Tensor` parameters with no high-precision copy, which halves (or
+    quarters) their memory. They are cast once at creation with their own amax (current scaling);
+    in-place updates (e.g. by the optimizer) requantise them. Works on every backend with FP8
+    support.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Also keep each FP8 weight's initial high-precision value, on the CPU:
+        ``weight.get_high_precision_init_val()`` returns it and
+        ``weight.clear_high_precision_init_val()`` frees it (e.g. once an optimizer's master
+        weights were made from it).
+    """
     s = FP8GlobalState
     checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
     saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
@@ -275,7 +351,20 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                    preserve_high_precision_init_val: bool = False):
-    """The older name of `quantized_model_init`."""
+    """Create modules whose weights are stored only in FP8 (the older :func:`quantized_model_init`).
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
+        implemented and raise NotImplementedError, as does DelayedScaling with a
+        ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Accepted for compatibility; the high-precision initial values are not kept.
+    """
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
 

@@ -59,23 +59,73 @@ def _check_cu_seqlens(items) -> None:
 
 
 class DotProductAttention(torch.nn.Module):
-    """Core attention over already projected q, k, v (NVIDIA TE's argument names).
+    """Scaled dot-product attention over already projected queries, keys and values.
 
-    num_attention_heads: query heads (over all tensor-parallel ranks); kv_channels: head dim, or
-    (head_dim_qk, head_dim_v); num_gqa_groups: key/value heads (GQA; 1 = MQA; None = MHA);
-    qkv_format 'sbhd' | 'bshd' | 'thd' (packed, with cu_seqlens); attn_mask_type one of
-    masks.MASK_TYPES (True in a mask = masked out); window_size (left, right), -1 unbounded;
-    softmax_scale defaults to 1/sqrt(head_dim_qk). The output is q's layout with the heads
-    flattened: [s, b, h*d_v], [b, s, h*d_v] or [t, h*d_v].
+    Computes ``softmax(q k^T * softmax_scale + bias, masked) v`` per head, with optional dropout on
+    the probabilities. The output has the queries' layout with the heads flattened:
+    ``[s, b, h * d_v]``, ``[b, s, h * d_v]`` or ``[t, h * d_v]``.
 
-    Padding types take the lengths from cu_seqlens_q/cu_seqlens_kv or from attention_mask, a bool
-    [b, 1, 1, s] tensor (or a (query, key) pair of them) with True at padded positions; sequences
-    are right-padded (valid tokens first), as in NVIDIA TE. Outputs at padded query positions are
-    zero. 'arbitrary' takes attention_mask [b|1, h|1, sq, sk] (True = masked out).
+    The backend is chosen per call from the call's configuration (dtype, head size, mask, layout,
+    GQA, window, dropout, device): on NVIDIA cuDNN's fused attention, PyTorch's SDPA kernels, a
+    portable native kernel or the unfused path; on AMD PyTorch's SDPA (AOTriton/CK kernels) or the
+    unfused path; on the CPU the unfused reference. ``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN`` and
+    ``NVTE_UNFUSED_ATTN`` (0/1) switch backends off and ``NVTE_DEBUG=1`` logs the choice and why the
+    others were rejected. Deterministic kernels only are used when
+    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``.
 
-    Backend: chosen per call by backend_selection.get_attention_backend (NVTE_FUSED_ATTN,
-    NVTE_FLASH_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
-    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0.
+    Parameters
+    ----------
+    num_attention_heads : int
+        Number of query heads, over all tensor-parallel ranks.
+    kv_channels : int or tuple of (int, int)
+        Head dimension, or ``(head_dim_qk, head_dim_v)`` when the value heads are of another size.
+    num_gqa_groups : int, optional
+        Number of key/value heads for grouped-query attention (1 is multi-query attention). Must
+        divide ``num_attention_heads``. ``None`` (default) means one per query head.
+    attention_dropout : float, default 0.0
+        Dropout probability applied to the attention probabilities during training, in [0, 1).
+    qkv_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of the tensors: ``[seq, batch, heads, dim]``, ``[batch, seq, heads, dim]``, or
+        ``'thd'``: the sequences of a batch packed one after another without padding
+        (``[tokens, heads, dim]``, with ``cu_seqlens_q``/``cu_seqlens_kv``).
+    attn_mask_type : str, default 'causal'
+        ``'no_mask'``, ``'causal'`` (top-left aligned), ``'causal_bottom_right'`` (aligned to the
+        last key, for queries shorter than keys), ``'padding'``, ``'padding_causal'``,
+        ``'padding_causal_bottom_right'`` (padding types read the sequence lengths from
+        ``cu_seqlens_*`` or from ``attention_mask``), or ``'arbitrary'`` (a full
+        ``attention_mask``). All are supported on every backend; the dispatcher skips a fused
+        kernel that lacks a type.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention: each query sees keys from ``left`` positions before it to
+        ``right`` after it; -1 means unbounded on that side. ``None`` (default) is no window
+        (``(-1, 0)`` under a causal mask).
+    sequence_parallel : bool, default False
+        Recorded for compatibility; the core attention itself is local to each rank.
+    tp_size : int, default 1
+        Tensor-parallel size: each rank holds ``num_attention_heads / tp_size`` query heads.
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker` whose fork is used for the dropout mask, so that
+        tensor-parallel ranks draw different masks.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel group (its size overrides ``tp_size``).
+    layer_number : int, optional
+        Index of the layer in the model (from 1); it keys this layer's entries in the KV cache of
+        ``inference_params`` and is required when one is used.
+    attention_type : {'self', 'cross'}, default 'self'
+        Self-attention (keys and values from the same sequence as the queries) or cross-attention
+        (keys and values from ``encoder_output``).
+    cp_group : torch.distributed.ProcessGroup, optional
+        Context parallelism is not implemented: must be ``None``.
+    cp_global_ranks : list of int, optional
+        Unused (context parallelism).
+    cp_stream : torch.cuda.Stream, optional
+        Unused (context parallelism).
+    cp_comm_type : str, default 'p2p'
+        Unused (context parallelism).
+    softmax_scale : float, optional
+        Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
+    softmax_type : str, default 'vanilla'
+        Only ``'vanilla'`` (the plain softmax) is implemented.
     """
 
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
@@ -249,6 +299,66 @@ class DotProductAttention(torch.nn.Module):
                 checkpoint_core_attention: bool = False, core_attention_bias_type: str = "no_bias",
                 core_attention_bias: Optional[torch.Tensor] = None, alibi_slopes=None,
                 fast_zero_fill: bool = True, inference_params=None) -> torch.Tensor:
+        """Attend from ``query_layer`` to ``key_layer``/``value_layer``.
+
+        Parameters
+        ----------
+        query_layer : torch.Tensor
+            Queries ``[..., heads, head_dim_qk]`` in the layout ``qkv_format``; float32, bfloat16 or
+            float16.
+        key_layer : torch.Tensor
+            Keys ``[..., num_gqa_groups, head_dim_qk]``.
+        value_layer : torch.Tensor
+            Values ``[..., num_gqa_groups, head_dim_v]``.
+        attention_mask : torch.Tensor or tuple of torch.Tensor, optional
+            For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
+            ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
+            ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
+        qkv_format : {'sbhd', 'bshd', 'thd'}, optional
+            Overrides the constructor's layout for this call.
+        cu_seqlens_q : torch.Tensor, optional
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
+            tensors' device; required with ``'thd'`` and accepted with padding mask types.
+        cu_seqlens_kv : torch.Tensor, optional
+            The same for keys and values (default: ``cu_seqlens_q``).
+        max_seqlen_q : int, optional
+            Longest query sequence in the batch (derived from ``cu_seqlens_q`` when omitted; passing
+            it avoids a device-to-host copy).
+        max_seqlen_kv : int, optional
+            Longest key/value sequence in the batch.
+        cu_seqlens_q_padded : torch.Tensor, optional
+            Not implemented (packed sequences with gaps); must be ``None``.
+        cu_seqlens_kv_padded : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        attn_mask_type : str, optional
+            Overrides the constructor's mask type for this call (see the constructor).
+        window_size : tuple of (int, int), optional
+            Overrides the constructor's window for this call.
+        checkpoint_core_attention : bool, default False
+            Recompute the attention in the backward pass instead of saving its intermediate results
+            (activation checkpointing of the core attention only).
+        core_attention_bias_type : {'no_bias', 'post_scale_bias'}, default 'no_bias'
+            ``'post_scale_bias'`` adds ``core_attention_bias`` to the scaled scores before the
+            softmax. The ALiBi types of NVIDIA TE are not implemented (NotImplementedError).
+        core_attention_bias : torch.Tensor, optional
+            The bias, broadcastable to ``[batch, heads, seq_q, seq_kv]``.
+        alibi_slopes : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        fast_zero_fill : bool, default True
+            Accepted for compatibility; outputs at padded query positions are always zero.
+        inference_params : InferenceParams, optional
+            A KV cache for incremental decoding: the call's keys and values are appended to this
+            layer's cache (keyed by ``layer_number``) and attention runs over all cached tokens.
+            Supported with ``'sbhd'`` and ``'bshd'``.
+
+        Returns
+        -------
+        torch.Tensor
+            The attention output with the heads flattened into the last dimension.
+        """
         qkv_format = masks.check_qkv_format(_OP, qkv_format or self.qkv_format)
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(_OP, attn_mask_type)
         window = masks.canonical_window(_OP, self.window_size if window_size is None else window_size,

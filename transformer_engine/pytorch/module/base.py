@@ -40,8 +40,15 @@ _NO_FP8 = FP8CallInfo(False, False, None, None, None, None)
 
 
 class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
-    """Base of Linear, LayerNormLinear and LayerNormMLP: `fp8_slots` = (forward casts,
-    backward casts) the module makes per call."""
+    """Base class of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP`.
+
+    It holds the module's FP8 state (amax history and scales, created on the first FP8 call and
+    saved in ``state_dict`` as extra state), creates the weights (on the meta device, or as FP8-only
+    :class:`Float8Tensor` weights under :func:`quantized_model_init`) and supplies the default
+    initialisation. ``fp8_slots`` is the number of FP8 casts a call makes in the forward and in the
+    backward pass. The delayed weight-gradient API (``delay_wgrad_compute``, ``backward_dw``)
+    comes from ``DelayedWeightGrad``.
+    """
     fp8_slots = (0, 0)
 
     def __init__(self):
@@ -82,6 +89,23 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     # -- FP8 per call
     def fp8_call_info(self, device: torch.device) -> FP8CallInfo:
+        """The FP8 settings for one call of the module on ``device``.
+
+        Reads the autocast in force, creates or refreshes the module's FP8 state for its recipe and
+        registers the step with delayed scaling. Called by ``forward``; users need not call it.
+
+        Parameters
+        ----------
+        device : torch.device
+            The device of the call's input.
+
+        Raises
+        ------
+        RuntimeError
+            When FP8 is enabled but the device has no FP8 support.
+        NotImplementedError
+            For delayed scaling under ``torch.compile`` (use Float8CurrentScaling there).
+        """
         s = FP8GlobalState
         if not (s.enabled or s.calibrating):
             return _NO_FP8
@@ -129,8 +153,24 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     # -- weights
     def make_weight(self, shape, dtype, device, init: Optional[Callable]) -> torch.nn.Parameter:
-        """A parameter initialised on `device` ('meta' defers it: call reset_parameters() after
-        to_empty()); under quantized_model_init it is stored as a Float8Tensor only."""
+        """Create a weight parameter.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            The weight's shape.
+        dtype : torch.dtype
+            The weight's dtype.
+        device : torch.device
+            Where to create it; ``'meta'`` defers initialisation to ``reset_parameters()``.
+        init : callable or None
+            Called on the new tensor to initialise it in place; ``None`` leaves it uninitialised.
+
+        Returns
+        -------
+        torch.nn.Parameter
+            The weight, stored as a :class:`Float8Tensor` under :func:`quantized_model_init`.
+        """
         self._remember_device(device)
         w = torch.empty(shape, dtype=dtype, device=device)
         if device.type != "meta" and init is not None:
@@ -190,11 +230,20 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     # -- checkpoints: FP8 metadata as extra state; checkpoints without it still load
     def get_extra_state(self):
+        """The FP8 metadata (amax history, scales, step counters) saved in ``state_dict``."""
         if self._fp8_state is None:
             return self._pending_fp8_extra_state
         return self._fp8_state.to_dict()
 
     def set_extra_state(self, state):
+        """Restore the FP8 metadata saved by ``get_extra_state``.
+
+        Parameters
+        ----------
+        state : dict or None
+            The saved metadata. An empty or missing state (a checkpoint from before FP8 was used, or
+            from another library) is accepted and leaves the state as it is.
+        """
         if not state:
             return
         if isinstance(state, dict) and self._fp8_state is not None:
@@ -213,6 +262,15 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     def activation_dtype(self, inp: torch.Tensor) -> torch.dtype:
         # is_cuda first: inp.device builds a device object per call (host time on every call)
+        """The dtype the module computes in for input ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            The call's input; its dtype is used unless ``torch.autocast`` is active on its device,
+            in
+            which case the autocast dtype is.
+        """
         kind = "cuda" if inp.is_cuda else inp.device.type
         if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
             return torch.get_autocast_dtype(kind)

@@ -45,8 +45,25 @@ def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype):
 
 
 class Float8Tensor(QuantizedTensor):
-    """FP8 data [shape] + scale_inv (one fp32 value), nominal dtype, cached FP8 transpose.
-    `_quantizer` (when set) is the quantizer that made it and that quantize_ re-uses."""
+    """A tensor stored as FP8 data and one float32 inverse scale.
+
+    Behaves as a tensor of its nominal ``dtype``: operations that do not know about FP8
+    dequantise it (``data * scale_inv``). The modules use it for FP8-only weights (see
+    :func:`quantized_model_init`) and keep its transpose cached for the backward GEMMs.
+
+    Parameters
+    ----------
+    data : torch.Tensor
+        The FP8 values (a ``torch.float8_*`` dtype).
+    scale_inv : torch.Tensor
+        One-element float32 tensor: the factor that turns ``data`` back into real values.
+    dtype : torch.dtype
+        The nominal (high-precision) dtype, e.g. ``torch.bfloat16``.
+    requires_grad : bool, default False
+        Whether autograd tracks the tensor.
+
+    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates reuse.
+    """
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
@@ -62,7 +79,19 @@ class Float8Tensor(QuantizedTensor):
     @classmethod
     def quantize(cls, x: torch.Tensor, fp8_dtype: torch.dtype, dtype: Optional[torch.dtype] = None,
                  requires_grad: bool = False) -> "Float8Tensor":
-        """x quantised with its own amax (current scaling)."""
+        """Quantise ``x`` with its own amax (current scaling): ``scale = fp8_max / amax(x)``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The high-precision tensor.
+        fp8_dtype : torch.dtype
+            The FP8 dtype to store (see :func:`fp8_dtype` for the one a device uses).
+        dtype : torch.dtype, optional
+            The nominal dtype (default ``x.dtype``).
+        requires_grad : bool, default False
+            Whether autograd tracks the result.
+        """
         data, scale_inv = _quantize_current(x.detach(), fp8_dtype)
         return cls(data, scale_inv, dtype or x.dtype, requires_grad)
 
@@ -109,6 +138,13 @@ class Float8Tensor(QuantizedTensor):
         self.__dict__.pop("_high_precision_init_val", None)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The values in high precision (``data * scale_inv``).
+
+        Parameters
+        ----------
+        dtype : torch.dtype, optional
+            The result's dtype (default the nominal dtype).
+        """
         from ..kernels import dequantize
         return dequantize(self._data, self._scale_inv, dtype or self.dtype)
 
