@@ -8,6 +8,10 @@
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
 #   SKIP_BUILD=1 ... use the package an earlier run installed on this machine
 #   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below)
+#   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
+#                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
+#                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+#                    NVSHMEM_DISABLE_NVLS=1)
 #
 # compute-sanitizer: memcheck, racecheck, synccheck and initcheck, each over the C API tests
 # (CPP_FILTER) and over a small pytest kernel subset (SANITIZE_PYTEST), logs in
@@ -24,6 +28,14 @@ OUT=${OUT:-/tmp/te_gpu_out}
 mkdir -p "$OUT"
 export NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90a}
 export PYTHONUNBUFFERED=1
+if [ "${GPUS:-1}" -ge 2 ]; then
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  visible=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$visible" -ge "$GPUS" ] || { echo "GPUS=$GPUS but $visible GPUs visible"; exit 1; }
+  PYTEST_ARGS=${PYTEST_ARGS:-tests/distributed}
+  BENCHES=${BENCHES:-benchmarks/bench_distributed.py}
+  SKIP_CPP=${SKIP_CPP:-1} SKIP_SANITIZE=${SKIP_SANITIZE:-1}
+fi
 # steps may run inside pipelines (subshells), so they record into a file, not a variable
 : > "$OUT/summary.txt"
 step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; printf '%-16s rc=%d %4ds\n' "$name" "$rc" $((SECONDS - t0)) >> "$OUT/summary.txt"; return $rc; }
