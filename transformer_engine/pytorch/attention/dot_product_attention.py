@@ -12,6 +12,7 @@ from ..kernels import attention as attn_ops
 from ..kernels._checks import check_tensor
 from . import masks
 from .backend_selection import get_attention_backend
+from .sdpa import sdpa_attention
 from .unfused import unfused_attention
 
 _OP = "DotProductAttention"
@@ -44,7 +45,7 @@ class DotProductAttention(torch.nn.Module):
     zero. 'arbitrary' takes attention_mask [b|1, h|1, sq, sk] (True = masked out).
 
     Backend: chosen per call by backend_selection.get_attention_backend (NVTE_FUSED_ATTN,
-    NVTE_FLASH_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
+    NVTE_FLASH_ATTN, NVTE_SDPA_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0.
     """
 
@@ -250,6 +251,11 @@ class DotProductAttention(torch.nn.Module):
                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
                     max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
                     arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+            if report.chosen == "sdpa":
+                return sdpa_attention(
+                    q_, k_, v_, qkv_format=qkv_format, mask_type=mask_type, window=window,
+                    softmax_scale=self.softmax_scale, dropout_p=dropout_p, seqlens_q=lq,
+                    seqlens_kv=lk, arbitrary_mask=arbitrary, rng_context=self._rng_context())
             # strided q/k/v (e.g. views of a packed projection) go in as they are: the op copies
             # only what its backend cannot read in place
             return attn_ops.FusedAttention.apply(
