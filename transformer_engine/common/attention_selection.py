@@ -19,6 +19,7 @@ where it runs ('cuda' = NVIDIA GPU, 'rocm' = AMD GPU, 'cpu').
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Callable, Optional, Sequence, Tuple
@@ -60,6 +61,27 @@ def preference(vendor: str, cfg) -> Tuple[str, ...]:
     if vendor == "cpu":
         return ORDER_CPU
     return ORDER_NVIDIA_FAST_PATH if framework_fast_path(cfg) else ORDER_NVIDIA_MASKED
+
+
+_ASSUMED_VENDOR = None   # set by assume_vendor (tests only)
+
+
+def assumed_vendor() -> Optional[str]:
+    return _ASSUMED_VENDOR
+
+
+@contextlib.contextmanager
+def assume_vendor(vendor: str):
+    """Within the block, both frontends judge every configuration as if it ran on `vendor`'s GPU
+    ('cuda' or 'rocm'): the ROCm selection is testable on a machine without one. For tests."""
+    global _ASSUMED_VENDOR
+    if vendor not in ("cuda", "rocm"):
+        raise ValueError(f"assume_vendor: vendor is {vendor!r}; expected 'cuda' or 'rocm'")
+    previous, _ASSUMED_VENDOR = _ASSUMED_VENDOR, vendor
+    try:
+        yield
+    finally:
+        _ASSUMED_VENDOR = previous
 
 
 # ----- masks as the framework attention takes them -------------------------------------------------
@@ -206,9 +228,9 @@ def evaluate(cfg, order: Sequence[str], rules: Sequence[Rule], vendor: str = "")
 
 
 def switches_key() -> tuple:
-    """The env state a cached decision depends on."""
+    """The env state (and assumed vendor) a cached decision depends on."""
     return tuple(env.attention_backend_allowed(b)[0] for b in BACKENDS) + (
-        env.attention_backend_requested("portable"),)
+        env.attention_backend_requested("portable"), _ASSUMED_VENDOR)
 
 
 def log_report(logger: logging.Logger, report: AttentionBackendReport, key, logged: set) -> None:

@@ -69,7 +69,7 @@ def debug_level() -> int:
 
 
 JAX_CUSTOM_CALLS = ("quantize", "cast_transpose", "layernorm", "rmsnorm", "activation",
-                    "softmax", "gemm", "delayed_scaling")
+                    "softmax", "gemm", "delayed_scaling", "attention")
 
 
 def jax_custom_call_enabled(name: str) -> bool:

@@ -17,7 +17,6 @@ machine without a GPU); NVTE_DEBUG=1 logs it the first time each configuration i
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Callable, Tuple
 
@@ -32,7 +31,6 @@ BACKENDS = sel.BACKENDS
 PREFERENCE = {"cuda": sel.ORDER_NVIDIA_FAST_PATH, "rocm": sel.ORDER_ROCM, "cpu": sel.ORDER_CPU}
 
 _logger = logging.getLogger("transformer_engine.pytorch.attention")
-_ASSUMED_VENDOR = None   # set by assume_vendor (tests only)
 
 
 def _ops_attention():
@@ -123,25 +121,14 @@ RULES: Tuple[Tuple[Tuple[str, ...], str, Callable], ...] = (
 
 def _vendor(cfg) -> str:
     """'cuda' (NVIDIA GPU), 'rocm' (AMD GPU) or 'cpu': where the configuration runs."""
-    if _ASSUMED_VENDOR is not None:
-        return _ASSUMED_VENDOR
+    if sel.assumed_vendor() is not None:
+        return sel.assumed_vendor()
     if torch.device(cfg.device).type != "cuda":
         return "cpu"
     return "rocm" if torch.version.hip else "cuda"
 
 
-@contextlib.contextmanager
-def assume_vendor(vendor: str):
-    """Within the block, judge every configuration as if it ran on `vendor`'s GPU ('cuda' or
-    'rocm'): the ROCm selection is testable on a machine without one. Not for production use."""
-    global _ASSUMED_VENDOR
-    if vendor not in ("cuda", "rocm"):
-        raise ValueError(f"assume_vendor: vendor is {vendor!r}; expected 'cuda' or 'rocm'")
-    previous, _ASSUMED_VENDOR = _ASSUMED_VENDOR, vendor
-    try:
-        yield
-    finally:
-        _ASSUMED_VENDOR = previous
+assume_vendor = sel.assume_vendor   # tests: judge configurations as on another vendor's GPU
 
 
 def _evaluate(cfg) -> AttentionBackendReport:
@@ -156,7 +143,7 @@ _LOGGED: set = set()
 def get_attention_backend(cfg) -> AttentionBackendReport:
     """The backend DotProductAttention would run for `cfg` (a kernels.attention.AttentionConfig), with
     every rejection and its reason. Runs nothing on the device; reads the NVTE_*_ATTN switches now."""
-    key = (cfg, sel.switches_key(), _ASSUMED_VENDOR)
+    key = (cfg, sel.switches_key())
     report = _CACHE.get(key)
     if report is None:
         report = _CACHE[key] = _evaluate(cfg)
