@@ -174,4 +174,3 @@ def clear_backend_cache() -> None:
     """Forget cached decisions and logged configurations (tests)."""
     _CACHE.clear()
     _LOGGED.clear()
-    xla_fused_attention_reason.cache_clear()
