@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 from typing import Callable, Optional, Sequence, Tuple
 
 from . import config as env
@@ -233,6 +234,19 @@ def switches_key() -> tuple:
         env.attention_backend_requested("portable"), _ASSUMED_VENDOR)
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted (not the stream of the moment
+    the handler was made), so a replaced stderr (pytest's capture, a notebook) gets the log."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def log_report(logger: logging.Logger, report: AttentionBackendReport, key, logged: set) -> None:
     """NVTE_DEBUG=1: log the choice and its rejections once per (configuration, env state);
     NVTE_DEBUG_LEVEL=2 adds the configuration."""
@@ -241,7 +255,7 @@ def log_report(logger: logging.Logger, report: AttentionBackendReport, key, logg
         return
     logged.add(key)
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("[TE attention] %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
