@@ -27,8 +27,7 @@ from ...common.attention_selection import AttentionBackendReport  # noqa: F401  
 from .. import native
 from . import sdpa as sdpa_backend
 
-BACKENDS = sel.BACKENDS
-PREFERENCE = {"cuda": sel.ORDER_NVIDIA_FAST_PATH, "rocm": sel.ORDER_ROCM, "cpu": sel.ORDER_CPU}
+BACKENDS = sel.BACKENDS   # the order per vendor (and configuration): sel.preference
 
 _logger = logging.getLogger("transformer_engine.pytorch.attention")
 
