@@ -1,7 +1,7 @@
 """DotProductAttention, MultiHeadAttention, RelativePositionBiases and TransformerLayer with the
-argument names of NVIDIA TE's JAX API. Attention runs through transformer_engine.jax.fused_attn
-(unfused: GEMMs around the fused softmax primitive; no native fused attention kernel for JAX
-yet). Layout: [batch, seq, hidden], or [seq, batch, hidden] with transpose_batch_sequence.
+argument names of NVIDIA TE's JAX API. Attention runs through transformer_engine.jax.fused_attn,
+whose dispatcher picks the native fused kernels (cuDNN, portable) through XLA FFI custom calls,
+XLA's fused attention, or the jnp path, as PyTorch's DotProductAttention does. Layout: [batch, seq, hidden], or [seq, batch, hidden] with transpose_batch_sequence.
 Masks: True = masked out, [batch, 1, sq, sk]."""
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ class DotProductAttention(nn.Module):
         if self.qkv_layout not in ("bshd_bshd_bshd", "sbhd_sbhd_sbhd"):
             raise NotImplementedError(f"DotProductAttention: qkv_layout {self.qkv_layout!r}; "
                                       f"separate q, k, v tensors are supported")
-        if self.transpose_batch_sequence:
-            query, key, value = (jnp.swapaxes(t, 0, 1) for t in (query, key, value))
+        # seq-first tensors go in as they are: the fused kernels read sbhd natively
+        qkv_format = "sbhd" if self.transpose_batch_sequence else "bshd"
         rng = None
         if self.attention_dropout > 0.0 and not deterministic:
             rng = self.make_rng(self.dropout_rng_name)
@@ -112,8 +112,8 @@ class DotProductAttention(nn.Module):
                          self.attn_mask_type if mask is not None or "causal" in
                          self.attn_mask_type else "no_mask",
                          0.0 if deterministic else self.attention_dropout, rng,
-                         self.window_size).astype(dtype)
-        return jnp.swapaxes(out, 0, 1) if self.transpose_batch_sequence else out
+                         self.window_size, qkv_format=qkv_format).astype(dtype)
+        return out
 
 
 class RelativePositionBiases(nn.Module):

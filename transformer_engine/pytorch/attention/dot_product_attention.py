@@ -14,6 +14,7 @@ from ..kernels._checks import check_tensor
 from . import masks
 from .backend_selection import get_attention_backend
 from .context_parallel import check_context_parallel, context_parallel_attention
+from .sdpa import sdpa_attention
 from .unfused import unfused_attention
 
 _OP = "DotProductAttention"
@@ -68,8 +69,8 @@ class DotProductAttention(torch.nn.Module):
     The backend is chosen per call from the call's configuration (dtype, head size, mask, layout,
     GQA, window, dropout, device): on NVIDIA cuDNN's fused attention, PyTorch's SDPA kernels, a
     portable native kernel or the unfused path; on AMD PyTorch's SDPA (AOTriton/CK kernels) or the
-    unfused path; on the CPU the unfused reference. ``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN`` and
-    ``NVTE_UNFUSED_ATTN`` (0/1) switch backends off and ``NVTE_DEBUG=1`` logs the choice and why the
+    unfused path; on the CPU the unfused reference. ``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``,
+    ``NVTE_SDPA_ATTN`` and ``NVTE_UNFUSED_ATTN`` (0/1) switch backends off and ``NVTE_DEBUG=1`` logs the choice and why the
     others were rejected. Deterministic kernels only are used when
     ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``.
 
@@ -115,13 +116,16 @@ class DotProductAttention(torch.nn.Module):
         Self-attention (keys and values from the same sequence as the queries) or cross-attention
         (keys and values from ``encoder_output``).
     cp_group : torch.distributed.ProcessGroup, optional
-        Context parallelism is not implemented: must be ``None``.
+        Context parallelism: the group the sequence is split over (ring attention, K/V passed
+        point to point; see :meth:`set_context_parallel_group`). Each rank passes its part of
+        q/k/v in the balanced two-chunk layout of ``split_for_context_parallel``. Masks
+        ``'causal'`` and ``'no_mask'``, formats ``'bshd'``/``'sbhd'``, no dropout or bias.
     cp_global_ranks : list of int, optional
-        Unused (context parallelism).
+        The global ranks of ``cp_group``, in ring order (default: the group's own order).
     cp_stream : torch.cuda.Stream, optional
-        Unused (context parallelism).
+        Accepted for NVIDIA TE's signature; the ring's transfers already overlap its compute.
     cp_comm_type : str, default 'p2p'
-        Unused (context parallelism).
+        Only ``'p2p'`` (the ring) is implemented.
     softmax_scale : float, optional
         Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
     softmax_type : str, default 'vanilla'
@@ -437,6 +441,11 @@ class DotProductAttention(torch.nn.Module):
                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
                     max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
                     arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+            if report.chosen == "sdpa":
+                return sdpa_attention(
+                    q_, k_, v_, qkv_format=qkv_format, mask_type=mask_type, window=window,
+                    softmax_scale=self.softmax_scale, dropout_p=dropout_p, seqlens_q=lq,
+                    seqlens_kv=lk, arbitrary_mask=arbitrary, rng_context=self._rng_context())
             # strided q/k/v (e.g. views of a packed projection) go in as they are: the op copies
             # only what its backend cannot read in place
             return attn_ops.FusedAttention.apply(
