@@ -397,4 +397,19 @@ class TransformerLayer(torch.nn.Module):
         return out
 
     def __call__(self, *args, **kwargs):
+        """Runs the layer (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) after
+        checking its input.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first must be a float32, float16 or bfloat16 tensor
+            (else ValueError naming the module).
+        **kwargs : dict
+            Passed to :meth:`forward`; ````hidden_states```` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
         return call_checked(self, "hidden_states", torch.nn.Module.__call__, args, kwargs)
