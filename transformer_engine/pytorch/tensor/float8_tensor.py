@@ -50,6 +50,8 @@ class Float8Tensor(QuantizedTensor):
     Behaves as a tensor of its nominal ``dtype``: operations that do not know about FP8
     dequantise it (``data * scale_inv``). The modules use it for FP8-only weights (see
     :func:`quantized_model_init`) and keep its transpose cached for the backward GEMMs.
+    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates
+    reuse.
 
     Parameters
     ----------
@@ -61,8 +63,6 @@ class Float8Tensor(QuantizedTensor):
         The nominal (high-precision) dtype, e.g. ``torch.bfloat16``.
     requires_grad : bool, default False
         Whether autograd tracks the tensor.
-
-    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates reuse.
     """
 
     @staticmethod
