@@ -116,15 +116,15 @@ class DotProductAttention(torch.nn.Module):
         (keys and values from ``encoder_output``).
     cp_group : torch.distributed.ProcessGroup, optional
         Context parallelism: the group the sequence is split over (ring attention, K/V passed
-        point to point between neighbours while each step computes). Each rank passes its part
-        of the sequence in the load-balanced two-chunk layout (see
-        :meth:`set_context_parallel_group`). ``None`` (default) or a group of one rank: off.
+        point to point; see :meth:`set_context_parallel_group`). Each rank passes its part of
+        q/k/v in the balanced two-chunk layout of ``split_for_context_parallel``. Masks
+        ``'causal'`` and ``'no_mask'``, formats ``'bshd'``/``'sbhd'``, no dropout or bias.
     cp_global_ranks : list of int, optional
-        The group's global ranks in ring order; see :meth:`set_context_parallel_group`.
+        The global ranks of ``cp_group``, in ring order (default: the group's own order).
     cp_stream : torch.cuda.Stream, optional
-        Accepted for NVIDIA TE's signature; see :meth:`set_context_parallel_group`.
+        Accepted for NVIDIA TE's signature; the ring's transfers already overlap its compute.
     cp_comm_type : str, default 'p2p'
-        Only ``'p2p'`` is implemented; see :meth:`set_context_parallel_group`.
+        Only ``'p2p'`` (the ring) is implemented.
     softmax_scale : float, optional
         Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
     softmax_type : str, default 'vanilla'
