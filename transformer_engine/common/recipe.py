@@ -103,18 +103,49 @@ class Recipe:
         return isinstance(self, NVFP4BlockScaling)
 
     def custom(self) -> bool:
+        """Whether this recipe is a user-defined (custom) recipe; none of this library's
+        recipes is.
+
+        Returns
+        -------
+        bool
+            False.
+        """
         return False
 
 
 @dataclasses.dataclass(frozen=True)
 class MMParams:
-    """GEMM options of one of a recipe's GEMMs (fprop, dgrad, wgrad)."""
+    """Options of one of a recipe's GEMMs (``fp8_gemm_fprop``, ``fp8_gemm_dgrad``,
+    ``fp8_gemm_wgrad``).
+
+    Parameters
+    ----------
+    use_split_accumulator : bool, default True
+        Accumulate the FP8 GEMM in full FP32 precision (on NVIDIA: cuBLASLt's FP8 fast
+        accumulation off). False allows the faster, less precise accumulation.
+    """
     use_split_accumulator: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class QParams:
-    """Quantization options of one of a recipe's tensor kinds."""
+    """Quantization options of one of a recipe's tensor kinds (inputs, weights, gradients), as
+    NVIDIA TE's block-scaled recipes take them.
+
+    Parameters
+    ----------
+    power_2_scale : bool, default False
+        Round each scale down to a power of two.
+    amax_epsilon : float, default 0.0
+        Floor of the amax a scale is computed from.
+    random_hadamard_transform : bool, default False
+        Apply a random Hadamard transform to the tensor before quantizing it (NVFP4).
+    stochastic_rounding : bool, default False
+        Round stochastically instead of to nearest (NVFP4 gradients).
+    fp4_2d_quantization : bool, default False
+        Scale in 16x16 tiles instead of 1x16 blocks (NVFP4 weights).
+    """
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     random_hadamard_transform: bool = False
@@ -216,6 +247,11 @@ class DelayedScaling(Recipe):
         accepted; the attention's GEMMs run in the activation dtype.
     fp8_mha : bool, default False
         As ``fp8_dpa``: only False is accepted.
+    backward_override : {None, 'high_precision', 'dequantized'}, default None
+        How the backward GEMMs run: None in FP8, like the forward (the only value implemented;
+        the others raise NotImplementedError). ``'high_precision'`` would run them on the
+        unquantized forward inputs, ``'dequantized'`` on the dequantized FP8 copies the forward
+        used; any other value raises ValueError.
     """
     margin: int = 0
     fp8_format: Format = Format.HYBRID
@@ -261,11 +297,23 @@ class Float8CurrentScaling(Recipe):
         NVIDIA, AMD gfx950 and the CPU (OCP), 240 on AMD gfx942 (FNUZ).
     use_power_2_scales : bool, default False
         Round each scale down to a power of two, so that scaling is exact in binary.
+    fp8_gemm_fprop : MMParams, default MMParams(use_split_accumulator=False)
+        Options of the forward GEMM. Only the default is implemented (anything else raises
+        NotImplementedError).
+    fp8_gemm_dgrad : MMParams, default MMParams(use_split_accumulator=True)
+        Options of the input-gradient GEMM; only the default is implemented.
+    fp8_gemm_wgrad : MMParams, default MMParams(use_split_accumulator=True)
+        Options of the weight-gradient GEMM; only the default is implemented.
     fp8_dpa : bool, default False
         FP8 attention (the attention's own GEMMs in FP8) is not implemented: only False is
         accepted; the attention's GEMMs run in the activation dtype.
     fp8_mha : bool, default False
         As ``fp8_dpa``: only False is accepted.
+    backward_override : {None, 'high_precision', 'dequantized'}, default None
+        How the backward GEMMs run: None in FP8, like the forward (the only value implemented;
+        the others raise NotImplementedError). ``'high_precision'`` would run them on the
+        unquantized forward inputs, ``'dequantized'`` on the dequantized FP8 copies the forward
+        used; any other value raises ValueError.
     """
     use_power_2_scales: bool = False
     fp8_format: Format = Format.HYBRID
@@ -300,6 +348,12 @@ class _UnsupportedRecipe(Recipe):
         _check_format_only(self)
 
     def unsupported_reason(self) -> str:
+        """Why this recipe cannot run; the message of the errors it raises where it is used.
+
+        Returns
+        -------
+        str
+        """
         return (f"{type(self).__name__} needs {self._needs}; this implementation of Transformer "
                 "Engine does not support it on any device. Use DelayedScaling or "
                 "Float8CurrentScaling")
@@ -317,7 +371,29 @@ def _check_format_only(recipe) -> None:
 @_accepts_legacy_fields
 @dataclasses.dataclass()
 class MXFP8BlockScaling(_UnsupportedRecipe):
-    """MXFP8: E4M3/E5M2 data with one E8M0 scale per 32 elements (Blackwell, gfx950)."""
+    """MXFP8: E4M3/E5M2 data with one E8M0 (power-of-two) scale per 32 elements.
+
+    Its GEMMs need NVIDIA Blackwell or AMD gfx950 and are not implemented in this library: the
+    recipe can be built, and autocast, the quantizers and the availability queries refuse it
+    with the reason (see :meth:`unsupported_reason`).
+
+    Parameters
+    ----------
+    margin : int, default 0
+        Headroom of the scales, as in :class:`DelayedScaling`; stored only.
+    fp8_format : Format, default Format.E4M3
+        The FP8 formats of the data (must be a :class:`Format`, else TypeError).
+    fp8_dpa : bool, default False
+        FP8 attention; stored only (the recipe does not run).
+    fp8_mha : bool, default False
+        FP8 for the whole multi-head attention block; stored only.
+    backward_override : {None, 'high_precision', 'dequantized'}, default None
+        How the backward GEMMs would run (None: quantized, like the forward;
+        ``'high_precision'``: on the unquantized forward inputs; ``'dequantized'``: on the
+        dequantized forward copies). Checked against these values (else ValueError) and stored.
+    enable_2d_quantization : bool, default False
+        Scale weights in 2-D blocks; stored only.
+    """
     margin: int = 0
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
@@ -330,7 +406,38 @@ class MXFP8BlockScaling(_UnsupportedRecipe):
 @_accepts_legacy_fields
 @dataclasses.dataclass()
 class Float8BlockScaling(_UnsupportedRecipe):
-    """FP8 with 1x128 (activations, gradients) and 128x128 (weights) blocks of scales."""
+    """FP8 with 1x128 (activations, gradients) and 128x128 (weights) blocks of scales.
+
+    Whether it runs on the current device:
+    :func:`transformer_engine.pytorch.is_fp8_block_scaling_available`.
+
+    Parameters
+    ----------
+    use_f32_scales : bool, default False
+        Keep each block's scale as computed (FP32) instead of rounding it to a power of two.
+    fp8_format : Format, default Format.E4M3
+        The FP8 formats of the data (must be a :class:`Format`, else TypeError).
+    x_block_scaling_dim : int, default 1
+        Blocks of the activations: 1 for 1x128, 2 for 128x128.
+    w_block_scaling_dim : int, default 2
+        Blocks of the weights: 1 for 1x128, 2 for 128x128.
+    grad_block_scaling_dim : int, default 1
+        Blocks of the output gradients: 1 for 1x128, 2 for 128x128.
+    fp8_gemm_fprop : MMParams, default MMParams(use_split_accumulator=True)
+        Options of the forward GEMM.
+    fp8_gemm_dgrad : MMParams, default MMParams(use_split_accumulator=True)
+        Options of the input-gradient GEMM.
+    fp8_gemm_wgrad : MMParams, default MMParams(use_split_accumulator=True)
+        Options of the weight-gradient GEMM.
+    fp8_dpa : bool, default False
+        FP8 attention; stored only (the recipe does not run).
+    fp8_mha : bool, default False
+        FP8 for the whole multi-head attention block; stored only.
+    backward_override : {None, 'high_precision', 'dequantized'}, default None
+        How the backward GEMMs would run (None: quantized, like the forward;
+        ``'high_precision'``: on the unquantized forward inputs; ``'dequantized'``: on the
+        dequantized forward copies). Checked against these values (else ValueError) and stored.
+    """
     use_f32_scales: bool = False
     fp8_format: Format = Format.E4M3
     x_block_scaling_dim: int = 1
@@ -348,7 +455,42 @@ class Float8BlockScaling(_UnsupportedRecipe):
 @_accepts_legacy_fields
 @dataclasses.dataclass()
 class NVFP4BlockScaling(_UnsupportedRecipe):
-    """NVFP4: E2M1 data with E4M3 scales per 16 elements (Blackwell)."""
+    """NVFP4: E2M1 data with an E4M3 scale per 16 elements and a per-tensor FP32 scale.
+
+    Its GEMMs need NVIDIA Blackwell and are not implemented in this library: the recipe can be
+    built (its fields are stored), and autocast, the quantizers and the availability queries
+    refuse it with the reason (see :meth:`unsupported_reason`).
+
+    Parameters
+    ----------
+    disable_rht : bool, default False
+        Turn off the random Hadamard transform of the weight-gradient GEMM's inputs.
+    disable_stochastic_rounding : bool, default False
+        Round gradients to nearest instead of stochastically.
+    disable_2d_quantization : bool, default False
+        Scale weights in 1x16 blocks instead of 16x16 tiles.
+    row_scaled_activation : bool, default False
+        NVIDIA TE's option of scaling activations per row; stored only.
+    nvfp4_4over6 : str, default 'none'
+        Which tensors use "four over six" scaling (each block scaled to a maximum of 4 or of 6,
+        whichever quantizes it with less error); stored only.
+    nvfp4_4over6_e4m3_use_256 : str, default 'all'
+        Option of that scaling; stored only.
+    nvfp4_4over6_err_mode : str, default 'MAE'
+        The error measure that chooses between the two scales; stored only.
+    fp4_format : Format, default Format.E2M1
+        The FP4 format of the data.
+    fp8_format : Format, default Format.E4M3
+        The format of the block scales (must be a :class:`Format`, else TypeError).
+    fp8_dpa : bool, default False
+        FP8 attention; stored only (the recipe does not run).
+    fp8_mha : bool, default False
+        FP8 for the whole multi-head attention block; stored only.
+    backward_override : {None, 'high_precision', 'dequantized'}, default None
+        How the backward GEMMs would run (None: quantized, like the forward;
+        ``'high_precision'``: on the unquantized forward inputs; ``'dequantized'``: on the
+        dequantized forward copies). Checked against these values (else ValueError) and stored.
+    """
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
     disable_2d_quantization: bool = False

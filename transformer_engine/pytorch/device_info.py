@@ -16,7 +16,18 @@ def get_device_compute_capability() -> Tuple[int, int]:
 
 def is_bf16_available(return_reason: bool = False) -> Union[bool, Tuple[bool, str]]:
     """Whether bfloat16 runs here: on the current GPU when one is visible (NVIDIA Ampere or
-    newer, AMD CDNA2 or newer), else on the CPU reference backend (always)."""
+    newer, AMD CDNA2 or newer), else on the CPU reference backend (always).
+
+    Parameters
+    ----------
+    return_reason : bool, default False
+        Also return why bfloat16 is not available (an empty string when it is).
+
+    Returns
+    -------
+    bool or tuple of (bool, str)
+        The answer, or ``(answer, reason)`` with ``return_reason=True``.
+    """
     if not torch.cuda.is_available():
         result = (True, "")
     elif torch.cuda.is_bf16_supported():

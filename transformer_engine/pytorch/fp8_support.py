@@ -53,8 +53,24 @@ def _answer(result: Tuple[bool, str], return_reason: bool):
 
 
 def is_fp8_available(return_reason: bool = False, device=None):
-    """Whether FP8 runs natively on `device` (default: the current GPU; "cpu": the emulated
-    reference, always True). A bool, or (bool, reason) with return_reason=True."""
+    """Whether FP8 runs on a device.
+
+    A GPU answers True when its FP8 GEMMs run natively (NVIDIA sm_89 and newer, AMD gfx942 and
+    gfx950); a CPU device always answers True, FP8 being emulated there by the plain-torch
+    reference backend.
+
+    Parameters
+    ----------
+    return_reason : bool, default False
+        Also return why FP8 is not available (an empty string when it is).
+    device : torch.device or str, optional
+        The device to ask about. Default: the current GPU (False when torch sees none).
+
+    Returns
+    -------
+    bool or tuple of (bool, str)
+        The answer, or ``(answer, reason)`` with ``return_reason=True``.
+    """
     if not isinstance(return_reason, bool):
         raise TypeError(f"is_fp8_available: return_reason must be a bool, got {return_reason!r} "
                         "(pass the device as device=...)")
@@ -62,14 +78,50 @@ def is_fp8_available(return_reason: bool = False, device=None):
 
 
 def is_mxfp8_available(return_reason: bool = False):
+    """Whether the MXFP8 recipe (:class:`~transformer_engine.common.recipe.MXFP8BlockScaling`) runs on the current device.
+
+    Parameters
+    ----------
+    return_reason : bool, default False
+        Also return why it is not available (an empty string when it is).
+
+    Returns
+    -------
+    bool or tuple of (bool, str)
+        The answer, or ``(answer, reason)`` with ``return_reason=True``.
+    """
     return _answer(check_mxfp8_support(), return_reason)
 
 
 def is_nvfp4_available(return_reason: bool = False):
+    """Whether the NVFP4 recipe (:class:`~transformer_engine.common.recipe.NVFP4BlockScaling`) runs on the current device.
+
+    Parameters
+    ----------
+    return_reason : bool, default False
+        Also return why it is not available (an empty string when it is).
+
+    Returns
+    -------
+    bool or tuple of (bool, str)
+        The answer, or ``(answer, reason)`` with ``return_reason=True``.
+    """
     return _answer(check_nvfp4_support(), return_reason)
 
 
 def is_fp8_block_scaling_available(return_reason: bool = False):
+    """Whether the :class:`~transformer_engine.common.recipe.Float8BlockScaling` recipe runs on the current device.
+
+    Parameters
+    ----------
+    return_reason : bool, default False
+        Also return why it is not available (an empty string when it is).
+
+    Returns
+    -------
+    bool or tuple of (bool, str)
+        The answer, or ``(answer, reason)`` with ``return_reason=True``.
+    """
     return _answer(check_fp8_block_scaling_support(), return_reason)
 
 

@@ -120,13 +120,64 @@ def make_graphed_callables(modules, sample_args, num_warmup_iters: int = 3,
                            _order=None, pool=None, retain_graph_in_backward: bool = False, *,
                            enabled: Optional[bool] = None, calibrating: Optional[bool] = None,
                            recipe=None, amax_reduction_group=None) -> Union[Any, Tuple[Any, ...]]:
-    """CUDA-graphed versions of `modules` (a callable or a tuple of them), captured with
-    `sample_args` (a tuple of tensors per callable; for one callable, that tuple). Modules come
-    back as the same objects with a graphed forward; functions as graphed functions.
+    """CUDA-graphed versions of modules or other callables, FP8 included.
 
-    FP8: enabled / recipe / amax_reduction_group / calibrating (or NV TE's older fp8_enabled,
-    fp8_recipe, fp8_group, fp8_calibrating) run each captured forward inside that autocast, with
-    the recipe's per-step scaling updates captured too (see the module docstring)."""
+    Built on ``torch.cuda.make_graphed_callables``: each callable's forward and backward are
+    captured once (after eager warm-up iterations) and later calls replay the graphs. With FP8
+    on, each captured forward runs inside an :func:`autocast` with the given recipe, and the
+    recipe's per-step work (amax recording, DelayedScaling's history roll and new scales) is
+    captured with it, so every replay advances the FP8 state as one eager step does. The FP8
+    state that the warm-up advanced is restored before returning. Replays copy their inputs into
+    the captured input buffers and read the parameters where they live (update them in place,
+    as optimizers do). Needs a GPU (NVIDIA CUDA or AMD ROCm); must be called outside any FP8
+    autocast (else RuntimeError).
+
+    Parameters
+    ----------
+    modules : callable or tuple of callables
+        What to graph: modules (``torch.nn.Module``) or functions.
+    sample_args : tuple of torch.Tensor, or tuple of such tuples
+        Sample positional arguments, on the GPU, of the shapes, dtypes and ``requires_grad``
+        that the replays will use: one tuple of tensors for a single callable, else one tuple
+        per callable.
+    num_warmup_iters : int, default 3
+        Eager iterations run before capturing.
+    allow_unused_input : bool, default False
+        Passed to torch: allow inputs that the outputs do not depend on.
+    sample_kwargs : tuple of dict, optional
+        Keyword arguments per callable; captured as constants, so they may not be tensors
+        (pass tensors positionally).
+    fp8_enabled : bool, default False
+        Older name of ``enabled``.
+    fp8_calibrating : bool, default False
+        Older name of ``calibrating``.
+    fp8_recipe : Recipe, optional
+        Older name of ``recipe``.
+    fp8_group : torch.distributed.ProcessGroup, optional
+        Older name of ``amax_reduction_group``.
+    fp8_weight_caching : bool, default False
+        Cast the FP8 weights once per ``is_first_microbatch`` instead of in every replay. Not
+        implemented: only False is accepted (True raises NotImplementedError).
+    pool : optional
+        Memory pool handle for the graphs (``torch.cuda.graph_pool_handle()``), passed to torch.
+    retain_graph_in_backward : bool, default False
+        Not implemented: only False is accepted (True raises NotImplementedError).
+    enabled : bool, optional
+        Run the captured forwards with FP8 (default: ``fp8_enabled``).
+    calibrating : bool, optional
+        Run them in high precision while recording amaxes (default: ``fp8_calibrating``).
+    recipe : Recipe, optional
+        The FP8 recipe (default: ``fp8_recipe``, else the default recipe).
+    amax_reduction_group : torch.distributed.ProcessGroup, optional
+        Group over which the delayed-scaling amaxes are reduced (default: ``fp8_group``).
+
+    Returns
+    -------
+    callable or tuple of callables
+        For one callable, its graphed version; else a tuple in the same order. Modules are
+        returned as the same objects with a graphed ``forward`` (eager when the module's
+        training mode differs from the one captured); functions as graphed functions.
+    """
     if fp8_weight_caching:
         raise NotImplementedError(f"{_OP}: fp8_weight_caching=True (weights cast once per "
                                   "is_first_microbatch) is not supported; the graphs cast the "

@@ -760,10 +760,25 @@ class FP8GlobalStateManager:
 
     @classmethod
     def is_fp8_enabled(cls) -> bool:
+        """Whether an enabled FP8 autocast is active.
+
+        Returns
+        -------
+        bool
+            True inside ``autocast(enabled=True)`` (or ``fp8_autocast``).
+        """
         return FP8GlobalState.enabled
 
     @classmethod
     def is_fp8_calibration(cls) -> bool:
+        """Whether the active autocast calibrates: modules run in high precision while the
+        amaxes of their FP8 tensors are recorded for later FP8 runs.
+
+        Returns
+        -------
+        bool
+            True inside ``autocast(calibrating=True)``.
+        """
         return FP8GlobalState.calibrating
 
     @classmethod
@@ -773,6 +788,15 @@ class FP8GlobalStateManager:
 
     @classmethod
     def with_high_precision_init_val(cls) -> bool:
+        """Whether modules built now keep a high-precision copy of their FP8 weights' initial
+        values (``quantized_model_init(preserve_high_precision_init_val=True)``), read back with
+        ``Float8Tensor.get_high_precision_init_val``.
+
+        Returns
+        -------
+        bool
+            True inside such a ``quantized_model_init`` context.
+        """
         return FP8GlobalState.model_init_keep_hp
 
     @classmethod
@@ -794,15 +818,40 @@ class FP8GlobalStateManager:
 
     @classmethod
     def get_fp8_group(cls):
+        """The amax reduction group of the active autocast.
+
+        Returns
+        -------
+        torch.distributed.ProcessGroup or None
+            The group the delayed-scaling amaxes are reduced over; None outside an autocast or
+            when the autocast was given no group (the default group is then used).
+        """
         return FP8GlobalState.group
 
     @classmethod
     def get_autocast_state(cls) -> Tuple:
+        """A snapshot of the process-wide autocast state, to restore later with
+        :meth:`set_autocast_state` (activation recomputation does this).
+
+        Returns
+        -------
+        tuple
+            Opaque: whether FP8 is on, whether it calibrates, the recipe, the amax reduction
+            group, the nesting depth, the pending delayed-scaling step and the recomputation
+            phase. Only meant to be passed back to :meth:`set_autocast_state`.
+        """
         s = FP8GlobalState
         return (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase)
 
     @classmethod
     def set_autocast_state(cls, state: Tuple) -> None:
+        """Restores a snapshot taken by :meth:`get_autocast_state`.
+
+        Parameters
+        ----------
+        state : tuple
+            The value :meth:`get_autocast_state` returned, unchanged.
+        """
         s = FP8GlobalState
         (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase) = state
 
@@ -819,23 +868,73 @@ class FP8GlobalStateManager:
 
     @classmethod
     def is_fp8_available(cls) -> Tuple[bool, str]:
+        """Whether the current GPU runs FP8 GEMMs natively (NVIDIA sm_89 and newer, AMD
+        gfx942 and gfx950). CPU tensors always run FP8 on the emulated reference backend; see
+        :func:`is_fp8_available` for a query about a given device.
+
+        Returns
+        -------
+        tuple of (bool, str)
+            The answer and, when it is False, the reason.
+        """
         return check_fp8_support()
 
     @classmethod
     def is_mxfp8_available(cls) -> Tuple[bool, str]:
+        """Whether the MXFP8 recipe can run: on no device of this library (it is not
+        implemented), so the answer is always False with the reason.
+
+        Returns
+        -------
+        tuple of (bool, str)
+            ``(False, reason)``.
+        """
         return check_mxfp8_support()
 
     @classmethod
     def is_fp8_block_scaling_available(cls) -> Tuple[bool, str]:
+        """Whether the :class:`~transformer_engine.common.recipe.Float8BlockScaling` recipe can
+        run here.
+
+        Returns
+        -------
+        tuple of (bool, str)
+            The answer and, when it is False, the reason.
+        """
         return check_fp8_block_scaling_support()
 
     @classmethod
     def is_nvfp4_available(cls) -> Tuple[bool, str]:
+        """Whether the NVFP4 recipe can run: on no device of this library (it is not
+        implemented), so the answer is always False with the reason.
+
+        Returns
+        -------
+        tuple of (bool, str)
+            ``(False, reason)``.
+        """
         return check_nvfp4_support()
 
     @staticmethod
     def get_fp8_torch_dtype(recipe, fprop_tensor: bool = True,
                             device: Optional[torch.device] = None) -> torch.dtype:
+        """The torch FP8 dtype a recipe casts to on a device.
+
+        Parameters
+        ----------
+        recipe : Recipe
+            The recipe; its ``fp8_format`` names the forward and backward formats.
+        fprop_tensor : bool, default True
+            True for forward tensors (activations, weights), False for gradients.
+        device : torch.device, optional
+            The device whose FP8 flavour decides the dtype: ``torch.float8_e4m3fn`` /
+            ``torch.float8_e5m2`` (OCP: NVIDIA, AMD gfx950, the CPU) or the ``fnuz`` dtypes
+            (AMD gfx942). Default: the current GPU, else the CPU.
+
+        Returns
+        -------
+        torch.dtype
+        """
         return get_fp8_torch_dtype(recipe, fprop_tensor, device)
 
 

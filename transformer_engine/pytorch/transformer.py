@@ -154,9 +154,31 @@ class TransformerLayer(torch.nn.Module):
         A name for the module, used in debug logging only.
     softmax_scale : float, optional
         Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
-    **ignored_userbuffers_flags
-        Keyword arguments starting with ``ub_`` (NVIDIA TE's userbuffers communication overlap)
-        are accepted and ignored; any other unknown keyword raises TypeError.
+    ub_tp_comm_overlap, ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad : bool, default False
+        Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
+        Not implemented: only False is accepted; True raises NotImplementedError. The
+        tensor-parallel communication runs as separate ``torch.distributed`` collectives.
+    activation_params : dict, optional
+        Parameters of the MLP activation. Only ``activation='clamped_swiglu'`` takes them:
+        ``{'limit': float, 'alpha': float}`` (defaults 7.0 and 1.702; a finite limit > 0): the
+        gate is clamped to at most ``limit`` and the linear half to ``[-limit, limit]``, and the
+        output is ``gate * sigmoid(alpha * gate) * (linear + 1)``. Any other activation with
+        parameters raises ValueError.
+    bottom_right_diagonal : bool, optional
+        Align the causal diagonal to the last key explicitly. Not implemented as an option: only
+        None is accepted; the mask type decides the alignment (the ``*_bottom_right`` types).
+    enc_dec_bottom_right_diagonal : bool, optional
+        As ``bottom_right_diagonal``, for the cross-attention: only None is accepted.
+    qk_norm_type : str, optional
+        Normalisation of the queries and keys before the attention. Not implemented: only None
+        is accepted (a value raises NotImplementedError).
+    qk_norm_eps : float, default 1e-6
+        Epsilon of that normalisation; without effect (it is not implemented).
+    qk_norm_before_rope : bool, default False
+        Apply that normalisation before the rotary embedding; without effect.
+    softmax_type : str, default 'vanilla'
+        Only ``'vanilla'`` (the plain softmax) is implemented; other values (NVIDIA TE's
+        ``'off-by-one'`` and ``'learnable'``) raise NotImplementedError.
     """
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int,
@@ -274,7 +296,33 @@ class TransformerLayer(torch.nn.Module):
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
                                    cp_comm_type: str = "p2p") -> None:
-        """Split the sequence of self-attention over `cp_group` (see DotProductAttention's)."""
+        """Splits the sequence over a context-parallel group: every
+        :class:`DotProductAttention` inside this module gets the group (see
+        :meth:`DotProductAttention.set_context_parallel_group` for the layout, the supported
+        configurations and what runs where).
+
+        ``hidden_states`` then holds this rank's part of the sequence in the two-chunk layout,
+        and a ``rotary_pos_emb`` must hold the angles of those same positions (the whole table
+        split along its first dimension the same way), as each rank rotates its local positions.
+
+        Parameters
+        ----------
+        cp_group : torch.distributed.ProcessGroup or None
+            The group the sequence is split over. ``None``, or a group of one rank, turns
+            context parallelism off.
+        cp_global_ranks : list of int, optional
+            The global ranks of the group's members, in the group's rank order, which is the
+            ring's order: rank ``r`` sends K/V to ``cp_global_ranks[r + 1]`` and receives from
+            ``cp_global_ranks[r - 1]`` (cyclically). Default: the group's own ranks. Its length
+            must be the group's size.
+        cp_stream : torch.cuda.Stream, optional
+            Accepted for NVIDIA TE's signature and stored; the ring's transfers already overlap
+            its compute, so no extra stream is used.
+        cp_comm_type : str, default 'p2p'
+            How K/V travel: only ``'p2p'`` (ring attention with point-to-point transfers) is
+            implemented; other values (NVIDIA TE's ``'all_gather'``, ``'a2a'``, ``'a2a+p2p'``)
+            raise ValueError.
+        """
         set_context_parallel_group_of(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
@@ -397,4 +445,19 @@ class TransformerLayer(torch.nn.Module):
         return out
 
     def __call__(self, *args, **kwargs):
+        """Runs the layer (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) after
+        checking its input.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first must be a float32, float16 or bfloat16 tensor
+            (else ValueError naming the module).
+        **kwargs : dict
+            Passed to :meth:`forward`; ````hidden_states```` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
         return call_checked(self, "hidden_states", torch.nn.Module.__call__, args, kwargs)

@@ -129,7 +129,17 @@ class DotProductAttention(torch.nn.Module):
     softmax_scale : float, optional
         Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
     softmax_type : str, default 'vanilla'
-        Only ``'vanilla'`` (the plain softmax) is implemented.
+        Only ``'vanilla'`` (the plain softmax) is implemented; other values (NVIDIA TE's
+        ``'off-by-one'`` and ``'learnable'``) raise NotImplementedError.
+    bottom_right_diagonal : bool, optional
+        Align the causal diagonal to the last key explicitly. Not implemented as an option: only
+        None is accepted (a value raises NotImplementedError); the mask type decides the
+        alignment (the ``*_bottom_right`` types).
+    return_max_logit : bool, default False
+        Also return the largest attention logit per head. Not implemented: only False is
+        accepted (True raises NotImplementedError).
+    name : str, optional
+        A name for the module, used in debug logging only.
     """
 
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
@@ -185,10 +195,46 @@ class DotProductAttention(torch.nn.Module):
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
                                    cp_comm_type: str = "p2p") -> None:
-        """Split the sequence over `cp_group` (ring attention, attention/context_parallel.py): each
-        rank then passes its part of q/k/v in the balanced two-chunk layout that
-        `split_for_context_parallel` makes. cp_stream is accepted for NVIDIA TE's signature; the
-        ring's transfers already overlap its compute."""
+        """Splits the sequence over a context-parallel group (ring attention).
+
+        With a group of ``cp`` ranks, every rank holds ``1 / cp`` of the sequence of ``q``, ``k``
+        and ``v``: the sequence is cut into ``2 * cp`` equal chunks and rank ``r`` holds chunks
+        ``r`` and ``2 * cp - 1 - r``, concatenated in that order along the sequence dimension
+        (this balances the work of a causal mask over the ranks;
+        ``transformer_engine.pytorch.attention.context_parallel.split_for_context_parallel``
+        makes this layout from a whole sequence). Each forward then runs ``cp`` steps: the local
+        queries attend to the K/V chunk of one rank while the next chunk travels around the ring,
+        and the partial results are merged by their log-sum-exp; the backward repeats the ring,
+        and the K/V gradients return to their owner. The output is this rank's part, in the same
+        layout.
+
+        Supported: ``attn_mask_type`` ``'causal'`` or ``'no_mask'``, ``qkv_format`` ``'bshd'`` or
+        ``'sbhd'``, no dropout, no ``core_attention_bias``, no sliding window, no KV cache,
+        ``attention_mask`` or ``cu_seqlens``, and an even local sequence length (the whole
+        sequence a multiple of ``2 * cp``); anything else raises ValueError on every rank before
+        any transfer. Each chunk runs on a native fused attention kernel where one accepts it
+        (NVIDIA: the cuDNN backend, then the portable kernel; AMD: the ``'cudnn'``-named fused
+        backend only, the portable kernel's FMA build being slower there than plain torch),
+        else in plain torch (float32 maths), which is also what CPU tensors use (gloo).
+
+        Parameters
+        ----------
+        cp_group : torch.distributed.ProcessGroup or None
+            The group the sequence is split over. ``None``, or a group of one rank, turns
+            context parallelism off.
+        cp_global_ranks : list of int, optional
+            The global ranks of the group's members in ring order, which is the group's rank
+            order: rank ``r`` sends K/V to ``cp_global_ranks[r + 1]`` and receives from
+            ``cp_global_ranks[r - 1]`` (cyclically). Default: the group's own ranks. Its length
+            must be the group's size (else ValueError at the first forward).
+        cp_stream : torch.cuda.Stream, optional
+            Accepted for NVIDIA TE's signature and stored; the ring's transfers already overlap
+            its compute, so no extra stream is used.
+        cp_comm_type : str, default 'p2p'
+            How K/V travel: only ``'p2p'`` (point-to-point transfers around the ring) is
+            implemented; other values (NVIDIA TE's ``'all_gather'``, ``'a2a'``, ``'a2a+p2p'``)
+            raise ValueError.
+        """
         if cp_comm_type != "p2p":
             raise ValueError(f"{_OP}: cp_comm_type {cp_comm_type!r}; only 'p2p' (ring) is implemented")
         self.cp_group, self.cp_global_ranks, self.cp_stream = cp_group, cp_global_ranks, cp_stream
@@ -282,9 +328,24 @@ class DotProductAttention(torch.nn.Module):
     # here too, so state_dicts line up both ways. FP8 attention is not implemented (fp8_dpa is
     # refused by the recipes), so there is no state to save and a loaded one has no use.
     def get_extra_state(self):
+        """The module's extra state for ``state_dict``: None, as no FP8 attention state exists
+        (the ``_extra_state`` key is kept so that checkpoints line up with NVIDIA TE's).
+
+        Returns
+        -------
+        None
+        """
         return None
 
     def set_extra_state(self, state) -> None:
+        """Accepts the extra state of a loaded ``state_dict`` and ignores it (FP8 attention is
+        not implemented, so a saved FP8 attention state has no use here).
+
+        Parameters
+        ----------
+        state : object
+            The saved ``_extra_state`` value (None, or NVIDIA TE's FP8 metadata).
+        """
         return None
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,

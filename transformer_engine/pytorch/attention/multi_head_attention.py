@@ -123,9 +123,28 @@ class MultiheadAttention(torch.nn.Module):
         the two halves of the head dimension.
     softmax_scale : float, optional
         Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
-    **ignored_userbuffers_flags
-        Keyword arguments starting with ``ub_`` (NVIDIA TE's userbuffers communication overlap)
-        are accepted and ignored; any other unknown keyword raises TypeError.
+    ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad : bool, default False
+        Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
+        Not implemented: only False is accepted; True raises NotImplementedError. The
+        tensor-parallel communication runs as separate ``torch.distributed`` collectives.
+    bottom_right_diagonal : bool, optional
+        Align the causal diagonal to the last key explicitly. Not implemented as an option: only
+        None is accepted; the mask type decides the alignment (the ``*_bottom_right`` types).
+    qk_norm_type : str, optional
+        Normalisation of the queries and keys before the attention. Not implemented: only None
+        is accepted (a value raises NotImplementedError).
+    qk_norm_eps : float, default 1e-6
+        Epsilon of that normalisation; without effect (it is not implemented).
+    qk_norm_before_rope : bool, default False
+        Apply that normalisation before the rotary embedding; without effect.
+    seq_length : int, optional
+        Sequence length; a size hint of NVIDIA TE's userbuffers, stored without effect (shapes
+        come from the input).
+    micro_batch_size : int, optional
+        Micro-batch size; stored without effect, like ``seq_length``.
+    softmax_type : str, default 'vanilla'
+        Only ``'vanilla'`` (the plain softmax) is implemented; other values (NVIDIA TE's
+        ``'off-by-one'`` and ``'learnable'``) raise NotImplementedError.
     """
 
     def __init__(self, hidden_size: int, num_attention_heads: int, kv_channels: Optional[int] = None,
@@ -276,7 +295,33 @@ class MultiheadAttention(torch.nn.Module):
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks=None, cp_stream=None,
                                    cp_comm_type: str = "p2p") -> None:
-        """Split the sequence of self-attention over `cp_group` (see DotProductAttention's)."""
+        """Splits the sequence over a context-parallel group: every
+        :class:`DotProductAttention` inside this module gets the group (see
+        :meth:`DotProductAttention.set_context_parallel_group` for the layout, the supported
+        configurations and what runs where).
+
+        ``hidden_states`` then holds this rank's part of the sequence in the two-chunk layout,
+        and a ``rotary_pos_emb`` must hold the angles of those same positions (the whole table
+        split along its first dimension the same way), as each rank rotates its local positions.
+
+        Parameters
+        ----------
+        cp_group : torch.distributed.ProcessGroup or None
+            The group the sequence is split over. ``None``, or a group of one rank, turns
+            context parallelism off.
+        cp_global_ranks : list of int, optional
+            The global ranks of the group's members, in the group's rank order, which is the
+            ring's order: rank ``r`` sends K/V to ``cp_global_ranks[r + 1]`` and receives from
+            ``cp_global_ranks[r - 1]`` (cyclically). Default: the group's own ranks. Its length
+            must be the group's size.
+        cp_stream : torch.cuda.Stream, optional
+            Accepted for NVIDIA TE's signature and stored; the ring's transfers already overlap
+            its compute, so no extra stream is used.
+        cp_comm_type : str, default 'p2p'
+            How K/V travel: only ``'p2p'`` (ring attention with point-to-point transfers) is
+            implemented; other values (NVIDIA TE's ``'all_gather'``, ``'a2a'``, ``'a2a+p2p'``)
+            raise ValueError.
+        """
         set_context_parallel_group_of(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,

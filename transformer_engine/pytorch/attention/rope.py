@@ -13,9 +13,43 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
                          interleaved: bool = False, fused: bool = True,
                          cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
                          cp_rank: int = 0) -> torch.Tensor:
-    """NVIDIA TE's apply_rotary_pos_emb (kernels.rope.apply_rotary_pos_emb does the work).
-    cp_size / cp_rank (context parallelism) are accepted at 1 / 0 only: this library has no
-    context parallelism."""
+    """Applies rotary position embeddings (RoPE) to queries or keys; differentiable.
+
+    The first ``R`` channels of each head are rotated by the angles of their position
+    (``out = x * cos(freqs) + rotate(x) * sin(freqs)``, computed in float32 and rounded once to
+    ``t``'s dtype); the channels past ``R`` pass through.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Queries or keys ``[seq, batch, heads, dim]`` (``'sbhd'``), ``[batch, seq, heads, dim]``
+        (``'bshd'``) or packed ``[tokens, heads, dim]`` (``'thd'``).
+    freqs : torch.Tensor
+        float32 angles ``[max_seq, 1, 1, R]`` from :class:`RotaryPositionEmbedding`, ``R <= dim``
+        and even; position ``p`` of ``t`` uses ``freqs[p]``.
+    tensor_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of ``t``.
+    interleaved : bool, default False
+        Rotate adjacent channel pairs (GPT-J style) instead of the two halves of the rotated
+        channels.
+    fused : bool, default True
+        Use the native fused kernels on NVIDIA and AMD GPUs; False, or a CPU tensor, uses the
+        plain-torch reference.
+    cu_seqlens : torch.Tensor, optional
+        int32 ``[batch + 1]`` cumulative sequence lengths; required with ``'thd'``, where each
+        sequence's positions start at 0.
+    cp_size : int, default 1
+        Size of a context-parallel group whose positions this function would compute itself.
+        Only 1 is accepted (else NotImplementedError); under context parallelism pass the
+        angles of the rank's own positions as ``freqs`` instead.
+    cp_rank : int, default 0
+        This rank's index in that group; only 0 is accepted.
+
+    Returns
+    -------
+    torch.Tensor
+        The rotated tensor, of ``t``'s shape and dtype.
+    """
     if cp_size != 1 or cp_rank != 0:
         raise NotImplementedError(f"apply_rotary_pos_emb: cp_size={cp_size}, cp_rank={cp_rank}: context "
                                   "parallelism is not implemented; expected cp_size=1, cp_rank=0")

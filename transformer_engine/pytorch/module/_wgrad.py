@@ -100,8 +100,15 @@ class DelayedWeightGrad:
             hook()
 
     def register_wgrad_accumulation_and_reduce_hooks(self, hook: Callable[[], None]) -> None:
-        """Registers hook() to run after every backward_dw() that computed weight gradients (a
-        data-parallel reduction of the delayed gradients, for instance)."""
+        """Registers a hook to run after every :meth:`backward_dw` that computed weight
+        gradients, in registration order.
+
+        Parameters
+        ----------
+        hook : callable
+            Called with no arguments, for example to start the data-parallel reduction of the
+            delayed gradients. A non-callable raises TypeError.
+        """
         if not callable(hook):
             raise TypeError(f"{type(self).__name__}.register_wgrad_accumulation_and_reduce_hooks: "
                             f"hook is {type(hook).__name__}; expected a callable")

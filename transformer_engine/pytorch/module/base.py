@@ -85,6 +85,21 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
             q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
 
     def __call__(self, *args, **kwargs):
+        """Runs the module (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) after
+        checking its input.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first must be a float32, float16 or bfloat16 tensor
+            (else ValueError naming the module).
+        **kwargs : dict
+            Passed to :meth:`forward`; ````inp```` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
         return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)
 
     # -- FP8 per call

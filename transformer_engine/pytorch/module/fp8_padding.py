@@ -44,7 +44,19 @@ def _row_index(splits: List[int], padded: List[int], device) -> torch.Tensor:
 
 
 class Fp8Padding(torch.nn.Module):
-    """Pads each of num_gemms row blocks to a multiple of align_size (default 16) rows."""
+    """Pads each of ``num_gemms`` consecutive row blocks of an input with zero rows up to a
+    multiple of ``align_size`` rows, as :class:`GroupedLinear` needs under FP8.
+    :class:`Fp8Unpadding` removes the padding rows from the output afterwards. The zero rows add
+    nothing to the weight gradients and their outputs are dropped, so padding changes no result.
+    Differentiable.
+
+    Parameters
+    ----------
+    num_gemms : int
+        Number of row blocks; >= 1.
+    align_size : int, optional
+        The row alignment; default 16 (what FP8 GEMMs need).
+    """
 
     def __init__(self, num_gemms: int, align_size: Optional[int] = None) -> None:
         super().__init__()
@@ -52,6 +64,22 @@ class Fp8Padding(torch.nn.Module):
         self.num_gemms, self.align_size = num_gemms, align_size
 
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int]):
+        """Pads the row blocks of ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            The input; its first dimension holds the blocks' rows one after another.
+        m_splits : sequence of int
+            Rows of each block: ``num_gemms`` non-negative entries adding up to
+            ``inp.shape[0]``.
+
+        Returns
+        -------
+        tuple of (torch.Tensor, list of int)
+            The padded tensor (``inp`` itself when no block needs padding) and the padded block
+            sizes, to pass to :class:`GroupedLinear`.
+        """
         align = self.align_size or _DEFAULT_ALIGN
         splits = [int(m) for m in m_splits]
         padded = _aligned_splits("Fp8Padding", splits, self.num_gemms, align)
@@ -67,7 +95,15 @@ class Fp8Padding(torch.nn.Module):
 
 
 class Fp8Unpadding(torch.nn.Module):
-    """Removes the rows that Fp8Padding added (m_splits: the unpadded sizes)."""
+    """Removes the rows that :class:`Fp8Padding` added.
+
+    Parameters
+    ----------
+    num_gemms : int
+        Number of row blocks; >= 1.
+    align_size : int, optional
+        The row alignment the padding used; default 16.
+    """
 
     def __init__(self, num_gemms: int, align_size: Optional[int] = None) -> None:
         super().__init__()
@@ -75,6 +111,20 @@ class Fp8Unpadding(torch.nn.Module):
         self.num_gemms, self.align_size = num_gemms, align_size
 
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
+        """Drops the padding rows of ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            A padded tensor: the first dimension holds the padded blocks one after another.
+        m_splits : sequence of int
+            The original, unpadded block sizes (those given to :class:`Fp8Padding`).
+
+        Returns
+        -------
+        torch.Tensor
+            ``inp`` without the padding rows (``inp`` itself when there were none).
+        """
         align = self.align_size or _DEFAULT_ALIGN
         splits = [int(m) for m in m_splits]
         padded = _aligned_splits("Fp8Unpadding", splits, self.num_gemms, align)

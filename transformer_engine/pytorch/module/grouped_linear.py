@@ -157,8 +157,75 @@ def _hp_wgrad(x_i, dy_i, weight, fuse, out_features, in_features):
 
 
 class GroupedLinear(TransformerEngineBaseModule):
-    """num_gemms linear layers y_i = x_i W_i^T + b_i over the row blocks of one input, sized by
-    forward's m_splits."""
+    """``num_gemms`` linear layers applied to consecutive row blocks of one input:
+    ``y_i = x_i W_i^T + b_i``, the block sizes given to :meth:`forward` as ``m_splits`` (the
+    experts of a mixture-of-experts layer after token dispatch).
+
+    Each group runs the GEMMs of :class:`Linear` on its rows, one group after the other, in the
+    input's dtype or, inside :func:`autocast`, in FP8 with its own scaling state per group. Under
+    FP8 every ``m_splits`` entry, ``in_features`` and ``out_features`` must be multiples of 16
+    (:class:`Fp8Padding` pads the groups). Groups of zero rows launch nothing and get zero
+    weight and bias gradients. The parameters are ``weight0, bias0, weight1, bias1, ...``.
+
+    Parameters
+    ----------
+    num_gemms : int
+        Number of groups (GEMMs), each with its own weight and bias; >= 1.
+    in_features : int
+        Size of the last dimension of the input (over all tensor-parallel ranks with
+        ``parallel_mode='row'``).
+    out_features : int
+        Size of the last dimension of the output (over all tensor-parallel ranks with
+        ``parallel_mode='column'``).
+    sequence_parallel : bool, default False
+        Recorded (effective only with ``tp_size > 1``); the module itself does no
+        communication, which the caller runs around it.
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate each weight's gradient into its ``main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel group; its size overrides ``tp_size``.
+    tp_size : int, default 1
+        Tensor-parallel size: the weights hold ``1 / tp_size`` of the features split by
+        ``parallel_mode``. With ``tp_size > 1`` only ``bias=False`` is supported.
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; CUDA weights are initialised under its fork so
+        that tensor-parallel shards draw different numbers.
+    rng_tracker_name : str, optional
+        Name of the tracker's state to fork (default ``'model-parallel-rng'``).
+    init_method : callable, optional
+        Called as ``init_method(weight)`` on each weight in place. Default: normal with mean 0
+        and standard deviation 0.023.
+    bias : bool, default True
+        Whether each group has a learnable bias.
+    return_bias : bool, default False
+        Do not add the biases; :meth:`forward` returns ``(output, [bias0, bias1, ...])``.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``).
+    parallel_mode : {None, 'column', 'row'}, default None
+        How the weights are split over the tensor-parallel group: ``'column'`` splits the output
+        features, ``'row'`` the input features; ``None`` keeps whole weights.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation (then ``to_empty()`` and
+        ``reset_parameters()``).
+    ub_overlap_rs, ub_overlap_ag : bool, default False
+        Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
+        Not implemented: only False is accepted (True raises ValueError).
+    ub_name : str, optional
+        Name of the userbuffers communicator; stored, without effect.
+    delay_wgrad_compute : bool, default False
+        The backward computes the input and bias gradients and queues the weight-gradient GEMMs
+        on the module; :meth:`backward_dw` runs them later and then calls the hooks registered
+        with :meth:`register_wgrad_accumulation_and_reduce_hooks`. The weights and biases are
+        flagged with ``skip_backward_post_hook = True`` so that Megatron-style data-parallel
+        wrappers leave their reduction to those hooks.
+    save_original_input : bool, default False
+        Accepted and stored, without effect: the backward reads the FP8 copy of each group's
+        input under FP8, and the input itself otherwise.
+    name : str, optional
+        A name for the module, used in debug logging only.
+    """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int,
                  sequence_parallel: bool = False, fuse_wgrad_accumulation: bool = False,
@@ -211,6 +278,15 @@ class GroupedLinear(TransformerEngineBaseModule):
         _wgrad.mark_delayed_params(self)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
+        """(Re)initialises the parameters in place: each weight with ``init_method``, each bias
+        with zeros (under :func:`quantized_model_init` the weights are then stored in FP8). Use
+        it after creating the module on ``device='meta'`` and calling ``to_empty()``.
+
+        Parameters
+        ----------
+        defer_init : bool, default False
+            When True, do nothing (initialisation is left to a later call).
+        """
         if defer_init:
             return
         with torch.no_grad():
@@ -229,8 +305,28 @@ class GroupedLinear(TransformerEngineBaseModule):
 
     def forward(self, inp: torch.Tensor, m_splits: Sequence[int],
                 is_first_microbatch: Optional[bool] = None):
-        """y = [x_i @ W_i.T + b_i for the row blocks x_i of inp sized by m_splits], as one tensor
-        of inp's leading shape (with return_bias: (y, [b_0, ..., b_{n-1}]))."""
+        """Applies group ``i``'s layer to the ``i``-th block of rows of ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            The input ``[..., in_features]``; its rows (all leading dimensions flattened) are
+            the groups' rows one after another.
+        m_splits : sequence of int or torch.Tensor
+            Number of rows of each group: ``num_gemms`` non-negative entries adding up to the
+            number of rows (a tensor is read on the host). Under FP8 each must be a multiple
+            of 16.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: True on the first micro-batch of a
+            step (the FP8 weights are cast and cached), False on later ones (the cache is
+            reused). None (default) casts the weights on every call.
+
+        Returns
+        -------
+        torch.Tensor or tuple of (torch.Tensor, list of torch.Tensor)
+            The output ``[..., out_features]`` with ``inp``'s leading shape; with
+            ``return_bias``, also the list of biases, not added.
+        """
         if not isinstance(inp, torch.Tensor) or inp.dim() < 1 or inp.shape[-1] != self.in_features:
             shape = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
             raise ValueError(f"{_NAME}.forward: inp has shape {shape}; expected [..., "

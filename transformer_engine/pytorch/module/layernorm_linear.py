@@ -190,6 +190,25 @@ class LayerNormLinear(TransformerEngineBaseModule):
         ``reset_parameters()`` to materialise the module.
     name : str, optional
         A name for the module, used in debug logging only.
+    ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad : bool, default False
+        Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
+        Not implemented: only False is accepted; True raises NotImplementedError. The
+        tensor-parallel communication runs as separate ``torch.distributed`` collectives.
+    ub_name : str, optional
+        Name of the userbuffers communicator of this layer; stored, without effect (userbuffers
+        overlap is not implemented).
+    symmetric_ar_type : str, optional
+        All-reduce of the row-parallel output through symmetric memory. Not implemented: only
+        None is accepted (a value raises NotImplementedError); the plain
+        ``torch.distributed.all_reduce`` is used.
+    delay_wgrad_compute : bool, default False
+        The backward computes the input gradient and queues the weight-gradient GEMMs on the
+        module; :meth:`backward_dw` runs them later (pipeline
+        schedules use this to fill bubbles) and then calls the hooks registered with
+        :meth:`register_wgrad_accumulation_and_reduce_hooks`. The queued GEMMs keep their
+        operands alive until then. The GEMM weights and biases are flagged with
+        ``skip_backward_post_hook = True`` so that Megatron-style data-parallel wrappers leave
+        their reduction to those hooks.
     """
     fp8_slots = (2, 1)
 

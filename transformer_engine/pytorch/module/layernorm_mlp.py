@@ -330,6 +330,36 @@ class LayerNormMLP(TransformerEngineBaseModule):
         Megatron-style MLP split; one all-reduce after FC2).
     name : str, optional
         A name for the module, used in debug logging only.
+    seq_length : int, optional
+        Sequence length; a size hint of NVIDIA TE's userbuffers, stored without effect (shapes
+        come from the input).
+    micro_batch_size : int, optional
+        Micro-batch size; stored without effect, like ``seq_length``.
+    ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad : bool, default False
+        Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
+        Not implemented: only False is accepted; True raises NotImplementedError. The
+        tensor-parallel communication runs as separate ``torch.distributed`` collectives.
+    symmetric_ar_type : str, optional
+        All-reduce of the row-parallel output through symmetric memory. Not implemented: only
+        None is accepted (a value raises NotImplementedError); the plain
+        ``torch.distributed.all_reduce`` is used.
+    delay_wgrad_compute : bool, default False
+        The backward computes the input gradient and queues the weight-gradient GEMMs on the
+        module; :meth:`backward_dw` runs them later (pipeline
+        schedules use this to fill bubbles) and then calls the hooks registered with
+        :meth:`register_wgrad_accumulation_and_reduce_hooks`. The queued GEMMs keep their
+        operands alive until then.
+    activation_params : dict, optional
+        Parameters of the activation. Only ``activation='clamped_swiglu'`` takes them:
+        ``{'limit': float, 'alpha': float}`` (defaults 7.0 and 1.702; a finite limit > 0): the
+        gate is clamped to at most ``limit`` and the linear half to ``[-limit, limit]``, and the
+        output is ``gate * sigmoid(alpha * gate) * (linear + 1)``. Any other activation with
+        parameters raises ValueError.
+    checkpoint : bool, default False
+        Recompute the module's forward in the backward instead of keeping its intermediate
+        activations: the forward keeps only its input, and the backward replays the forward
+        through :func:`checkpoint` (same RNG states, same FP8 scales), so the gradients equal
+        those without it. Applies when gradients are enabled.
     """
     fp8_slots = (4, 2)  # forward: norm out, FC1 weight, activation out, FC2 weight; backward: dy, dh
 

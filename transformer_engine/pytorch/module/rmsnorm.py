@@ -21,22 +21,33 @@ class RMSNorm(torch.nn.Module):
 
     Parameters
     ----------
-    hidden_size : int
-        Size of the normalised (last) dimension.
+    normalized_shape : int or sequence of one int
+        Size of the normalised (last) dimension. Only the last dimension can be normalised: a
+        sequence of more than one size raises NotImplementedError.
     eps : float, default 1e-5
         Added to the variance (or mean square) before the square root.
     sequence_parallel : bool, default False
         Marks the parameters as sequence-parallel, so that training frameworks all-reduce their
         gradients over the tensor-parallel group.
     params_dtype : torch.dtype, optional
-        Data type of the parameters (default ``torch.get_default_dtype()``).
+        Deprecated name of ``dtype`` (below); pass one of the two.
     zero_centered_gamma : bool, default False
         Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
         precision formats; the output is ``... * (1 + gamma)``.
+    hidden_size : int, optional
+        Deprecated name of ``normalized_shape`` (a DeprecationWarning); pass one of the two.
+    **kwargs : dict
+        Keyword-only arguments, NVIDIA TE's: ``device``, ``dtype`` and ``sm_margin`` (described
+        below); any other keyword raises TypeError.
     device : torch.device or str, optional
         Where the parameters are created: default the current CUDA/ROCm device when one exists,
         else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
         ``reset_parameters()`` to materialise the module.
+    dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``).
+    sm_margin : int or dict, default 0
+        Streaming multiprocessors to leave free for concurrent communication kernels. Not
+        implemented: only 0 (or a dict of zeros) is accepted.
     """
 
     def __init__(self, normalized_shape: Union[int, Iterable[int], None] = None, eps: float = 1e-5,
@@ -90,4 +101,19 @@ class RMSNorm(torch.nn.Module):
         return kernels.rmsnorm(x, param_for(self.weight, x), self.eps, self.zero_centered_gamma)
 
     def __call__(self, *args, **kwargs):
+        """Runs the module (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) after
+        checking its input.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first must be a float32, float16 or bfloat16 tensor
+            (else ValueError naming the module).
+        **kwargs : dict
+            Passed to :meth:`forward`; ````inp```` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
         return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)

@@ -50,6 +50,8 @@ class Float8Tensor(QuantizedTensor):
     Behaves as a tensor of its nominal ``dtype``: operations that do not know about FP8
     dequantise it (``data * scale_inv``). The modules use it for FP8-only weights (see
     :func:`quantized_model_init`) and keep its transpose cached for the backward GEMMs.
+    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates
+    reuse.
 
     Parameters
     ----------
@@ -61,8 +63,6 @@ class Float8Tensor(QuantizedTensor):
         The nominal (high-precision) dtype, e.g. ``torch.bfloat16``.
     requires_grad : bool, default False
         Whether autograd tracks the tensor.
-
-    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates reuse.
     """
 
     @staticmethod
@@ -122,19 +122,38 @@ class Float8Tensor(QuantizedTensor):
 
     def quantize_(self, tensor: torch.Tensor) -> "Float8Tensor":
         """Overwrite the value with `tensor`, quantized by this tensor's quantizer (current
-        scaling when it has none)."""
+        scaling when it has none).
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            The new value, of this tensor's shape; a quantized tensor is dequantised first.
+
+        Returns
+        -------
+        Float8Tensor
+            This tensor, updated in place."""
         if self._quantizer is not None:
             self._quantizer.update_quantized(tensor.to(self.dtype), self)
         else:
             self._requantize_from(tensor.dequantize() if isinstance(tensor, QuantizedTensor) else tensor)
         return self
 
-    # The high-precision value a weight was initialised with, kept (on the CPU) when the module
-    # was built under quantized_model_init(preserve_high_precision_init_val=True).
     def get_high_precision_init_val(self) -> Optional[torch.Tensor]:
+        """The high-precision value this weight was initialised with, kept on the CPU when its
+        module was built under ``quantized_model_init(preserve_high_precision_init_val=True)``
+        (for example to seed an optimizer's FP32 master weights).
+
+        Returns
+        -------
+        torch.Tensor or None
+            The initial value, or None when none was kept or it was cleared.
+        """
         return self.__dict__.get("_high_precision_init_val")
 
     def clear_high_precision_init_val(self) -> None:
+        """Drops the kept initial value (see :meth:`get_high_precision_init_val`) to free its
+        memory; later calls of that method return None."""
         self.__dict__.pop("_high_precision_init_val", None)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -228,7 +247,18 @@ def _fp8_torch_dtype(who: str, fp8_dtype, device) -> torch.dtype:
 
 
 class Quantizer:
-    """Common part: which usages (rowwise data, columnwise = transposed data) to produce."""
+    """Base class of the quantizers: objects that turn a high-precision tensor into a quantized
+    one (a :class:`Float8Tensor`) by a scaling rule that the subclass defines.
+
+    Parameters
+    ----------
+    rowwise : bool, default True
+        Produce the FP8 data in the tensor's own layout (what a GEMM reads for this operand
+        as given).
+    columnwise : bool, default True
+        Also produce the FP8 transpose of a 2-D tensor at quantize time (what the backward
+        GEMMs read); without it the transpose is made on first use.
+    """
 
     def __init__(self, rowwise: bool = True, columnwise: bool = True):
         self.rowwise_usage = bool(rowwise)
@@ -236,12 +266,33 @@ class Quantizer:
         self.internal = False
 
     def set_usage(self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None) -> None:
+        """Changes which usages later quantizes produce; an argument left at None keeps its
+        current setting.
+
+        Parameters
+        ----------
+        rowwise : bool, optional
+            See the class's ``rowwise``.
+        columnwise : bool, optional
+            See the class's ``columnwise``.
+        """
         if rowwise is not None:
             self.rowwise_usage = bool(rowwise)
         if columnwise is not None:
             self.columnwise_usage = bool(columnwise)
 
     def __call__(self, tensor: torch.Tensor) -> Float8Tensor:
+        """Quantizes ``tensor``: the same as ``quantize(tensor)``.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            A floating-point tensor (a quantized one is dequantised first).
+
+        Returns
+        -------
+        Float8Tensor
+        """
         return self.quantize(tensor)
 
     def _check_input(self, tensor) -> torch.Tensor:
@@ -269,6 +320,24 @@ class Quantizer:
 
     def make_empty(self, shape, dtype: torch.dtype = torch.float32,
                    device: Optional[torch.device] = None, requires_grad: bool = False) -> Float8Tensor:
+        """A new quantized tensor with uninitialised data and an inverse scale of 1, tied to
+        this quantizer (later in-place updates use its rule).
+
+        Parameters
+        ----------
+        shape : sequence of int
+            The tensor's shape.
+        dtype : torch.dtype, default torch.float32
+            The nominal (high-precision) dtype.
+        device : torch.device, optional
+            Where to allocate; default the quantizer's device (that of its scale).
+        requires_grad : bool, default False
+            Whether autograd tracks the tensor.
+
+        Returns
+        -------
+        Float8Tensor
+        """
         device = torch.device(device) if device is not None else self._device()
         data = torch.empty(tuple(shape), dtype=self.dtype, device=device)
         scale_inv = torch.ones(1, dtype=torch.float32, device=device)
@@ -277,13 +346,44 @@ class Quantizer:
         return t
 
     def update_quantized(self, src: torch.Tensor, dst: Float8Tensor) -> Float8Tensor:
-        """dst's data re-made from src with this quantizer's rule."""
+        """Re-makes ``dst``'s FP8 data and inverse scale from ``src`` with this quantizer's
+        rule, in place.
+
+        Parameters
+        ----------
+        src : torch.Tensor
+            The new high-precision value, of ``dst``'s shape.
+        dst : Float8Tensor
+            The tensor to overwrite; its cached transpose is dropped.
+
+        Returns
+        -------
+        Float8Tensor
+            ``dst``.
+        """
         return self.quantize(src, out=dst)
 
 
 class Float8Quantizer(Quantizer):
-    """FP8 with a given scale (delayed scaling): data = cast(x * scale), scale_inv = 1/scale;
-    amax <- max(amax, max|x|)."""
+    """FP8 with a given per-tensor scale (the delayed-scaling rule): ``data = cast(x * scale)``,
+    ``scale_inv = 1 / scale``, and each quantize raises ``amax`` to ``max(amax, max|x|)`` so that
+    the caller can compute the next scale from it.
+
+    Parameters
+    ----------
+    scale : torch.Tensor
+        One-element float32 tensor; read at every quantize, so updating it in place changes the
+        scale of later quantizes.
+    amax : torch.Tensor
+        One-element float32 tensor that each quantize maxes the input's absolute maximum into.
+    fp8_dtype : DType or torch.dtype
+        The FP8 format: ``DType.kFloat8E4M3`` / ``DType.kFloat8E5M2`` (mapped to the FP8 flavour
+        of ``scale``'s device: OCP, or FNUZ on AMD gfx942) or a torch FP8 dtype.
+    rowwise : bool, default True
+        See :class:`Quantizer`.
+    columnwise : bool, default True
+        See :class:`Quantizer`.
+    """
 
     def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True,
                  columnwise: bool = True):
@@ -302,6 +402,22 @@ class Float8Quantizer(Quantizer):
 
     def quantize(self, tensor: torch.Tensor, *, out: Optional[Float8Tensor] = None,
                  dtype: Optional[torch.dtype] = None) -> Float8Tensor:
+        """Quantizes a tensor with this quantizer's rule.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            A floating-point tensor (a quantized one is dequantised first).
+        out : Float8Tensor, optional
+            Write the result into this tensor (of the same shape) instead of a new one.
+        dtype : torch.dtype, optional
+            Nominal dtype of a new result; default ``tensor.dtype``.
+
+        Returns
+        -------
+        Float8Tensor
+            ``out`` when given, else a new tensor tied to this quantizer.
+        """
         from ..kernels import quantize
         x = self._check_input(tensor).contiguous()
         scale = self.scale.reshape(1).to(x.device)
@@ -317,9 +433,34 @@ class Float8Quantizer(Quantizer):
 
 
 class Float8CurrentScalingQuantizer(Quantizer):
-    """FP8 with scale = fp8_max / amax(x) computed for each quantize (amax all-reduced over
-    amax_reduction_group when with_amax_reduction, floored at amax_epsilon; a power of two when
-    force_pow_2_scales). `scale` and `amax` hold the last quantize's values."""
+    """FP8 with a per-tensor scale computed from each input's own amax at every quantize:
+    ``scale = fp8_max / amax(x)``. The attributes ``scale`` and ``amax`` hold the last
+    quantize's values.
+
+    Parameters
+    ----------
+    fp8_dtype : DType or torch.dtype
+        The FP8 format: ``DType.kFloat8E4M3`` / ``DType.kFloat8E5M2`` (mapped to the FP8 flavour
+        of ``device``: OCP, or FNUZ on AMD gfx942) or a torch FP8 dtype.
+    device : torch.device or str, optional
+        Where ``scale`` and ``amax`` live; default the current GPU, else the CPU.
+    rowwise : bool, default True
+        See :class:`Quantizer`.
+    columnwise : bool, default True
+        See :class:`Quantizer`.
+    use_existing_amax : bool, default False
+        Use the ``amax`` attribute as it is (set by the caller) instead of measuring the input.
+    with_amax_reduction : bool, default False
+        All-reduce (maximum) the measured amax over ``amax_reduction_group`` before computing the
+        scale, so that every rank uses the same scale; skipped when torch.distributed is not
+        initialised.
+    amax_reduction_group : torch.distributed.ProcessGroup, optional
+        The group of that reduction; default the world group.
+    force_pow_2_scales : bool, default False
+        Round each scale down to a power of two.
+    amax_epsilon : float, default 0.0
+        Floor of the amax (>= 0), which bounds the scale of near-zero inputs.
+    """
 
     def __init__(self, fp8_dtype, device=None, *, rowwise: bool = True, columnwise: bool = True,
                  use_existing_amax: bool = False, with_amax_reduction: bool = False,
@@ -347,6 +488,22 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def quantize(self, tensor: torch.Tensor, *, out: Optional[Float8Tensor] = None,
                  dtype: Optional[torch.dtype] = None) -> Float8Tensor:
+        """Quantizes a tensor with this quantizer's rule.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            A floating-point tensor (a quantized one is dequantised first).
+        out : Float8Tensor, optional
+            Write the result into this tensor (of the same shape) instead of a new one.
+        dtype : torch.dtype, optional
+            Nominal dtype of a new result; default ``tensor.dtype``.
+
+        Returns
+        -------
+        Float8Tensor
+            ``out`` when given, else a new tensor tied to this quantizer.
+        """
         from ..kernels import quantize
         from ..quantization import scale_from_amax
         x = self._check_input(tensor).contiguous()

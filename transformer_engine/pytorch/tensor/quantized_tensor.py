@@ -17,12 +17,37 @@ _STORAGE_ATTRS = frozenset({"_data", "_scale_inv", "_transpose_cache", "_quantiz
 
 
 class QuantizedTensor(torch.Tensor):
-    """Base of quantized tensors; subclasses define the storage and __torch_dispatch__."""
+    """Base class of quantized tensors (:class:`Float8Tensor` is the one this library makes);
+    a subclass defines the storage, :meth:`dequantize`, :meth:`quantize_` and how torch
+    operations see it."""
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The value in high precision.
+
+        Parameters
+        ----------
+        dtype : torch.dtype, optional
+            The result's dtype; default the tensor's nominal dtype.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         raise NotImplementedError(f"{type(self).__name__}.dequantize is not implemented")
 
     def quantize_(self, tensor: torch.Tensor) -> "QuantizedTensor":
+        """Overwrites the value with ``tensor``, quantized in this tensor's format.
+
+        Parameters
+        ----------
+        tensor : torch.Tensor
+            The new value, of this tensor's shape.
+
+        Returns
+        -------
+        QuantizedTensor
+            This tensor.
+        """
         raise NotImplementedError(f"{type(self).__name__}.quantize_ is not implemented")
 
 
