@@ -27,12 +27,14 @@ def _model():
 def _body_fsdp2_matches_unsharded(rank, world, group):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    pytest.importorskip("torch.distributed.fsdp")
+    # a CPU mesh: on a machine with GPUs fully_shard would otherwise move the shards to cuda
+    mesh = init_device_mesh("cpu", (world,))
     sharded, ref = _model(), _model()
     for sub in sharded:
-        fully_shard(sub)
-    fully_shard(sharded)
+        fully_shard(sub, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     per = BATCH // world
@@ -56,8 +58,8 @@ def _body_fsdp2_matches_unsharded(rank, world, group):
     dcp.save({"model": sharded.state_dict()}, checkpoint_id=path[0])
     fresh = _model()
     for sub in fresh:
-        fully_shard(sub)
-    fully_shard(fresh)
+        fully_shard(sub, mesh=mesh)
+    fully_shard(fresh, mesh=mesh)
     state = {"model": fresh.state_dict()}
     dcp.load(state, checkpoint_id=path[0])
     fresh.load_state_dict(state["model"])

@@ -127,6 +127,27 @@ def assert_close_hp(got, want, dtype, what):
                                msg=lambda m: f"{what} ({dtype}): {m}")
 
 
+# activations with a kink (a derivative that jumps at a point): where a 16-bit GEMM output lands
+# within one rounding of the kink, two valid roundings pick different sides, and the gradients
+# that flow through that element differ by O(1)
+KINKED = ("relu", "reglu", "srelu", "sreglu", "clamped_swiglu")
+
+
+def assert_close_hp_kinked(got, want, dtype, what):
+    """For gradients through a kinked activation in 16 bits: elementwise as assert_close_hp except
+    for at most 0.1% of the elements, and the whole within the dtype's rtol by norm."""
+    t = tols(dtype)
+    want = want.to(torch.float64).cpu()
+    got = got.detach().to(torch.float64).cpu()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    peak = want.abs().max().item() if want.numel() else 0.0
+    off = (got - want).abs() > t["rtol"] * want.abs() + t["atol"] + 2 * t["rtol"] * peak
+    assert off.sum().item() <= max(1, want.numel() // 1000), (
+        f"{what} ({dtype}): {off.sum().item()} of {want.numel()} elements outside the tolerance")
+    rel = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert rel <= t["rtol"], f"{what} ({dtype}): norm-relative error {rel:.4f} > {t['rtol']}"
+
+
 def assert_close_fp8(got, want, fmt, what):
     """||got - want|| / ||want|| <= rtol of the FP8 format (`fmt`: 'float8_e4m3'/'float8_e5m2')."""
     want = want.to(torch.float64).cpu()
@@ -230,7 +251,9 @@ def test_module_matches_reference(device, module, case):
         assert_close_hp(out, want, dtype, f"{module} output")
         for n, g in want_grads.items():
             assert grads[n] is not None, f"{module}: no gradient for {n}"
-            assert_close_hp(grads[n], g, dtype, f"{module} grad of {n}")
+            check = (assert_close_hp_kinked if case.get("activation") in KINKED and dtype != torch.float32
+                     else assert_close_hp)
+            check(grads[n], g, dtype, f"{module} grad of {n}")
     else:
         assert_close_fp8(out, want, "float8_e4m3", f"{module} output")
         for n, g in want_grads.items():

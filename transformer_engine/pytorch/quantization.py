@@ -82,6 +82,8 @@ class _Step:
         self.fwd_deferred = False
 
     def backward_finished(self):
+        if self.bwd_done:  # a native backward already finished the step (take_final_update)
+            return
         self.pending_backward -= 1
         if self.pending_backward <= 0 and not self.bwd_done:
             self.bwd_done = True

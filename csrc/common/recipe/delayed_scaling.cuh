@@ -20,7 +20,8 @@ void launch_delayed_update(const NVTEScalingGroup* groups, int64_t num_groups, N
 // the block meets at a barrier, then each writes, so the roll by one row needs no scratch copy
 // whatever the history length. warp_max: one float per warp of shared memory.
 // A non-finite current amax (every thread reads the same h[0], so the branch is uniform) is
-// dropped: no roll, scale kept, row 0 cleared, the tensor's skip counter incremented.
+// dropped: no roll, scale kept (scale_inv = 1 / scale), row 0 cleared, the tensor's skip
+// counter incremented.
 __device__ __forceinline__ void delayed_update_tensor(const NVTEScalingGroup& grp, int64_t j,
                                                       bool most_recent, float margin_pow2,
                                                       float* warp_max) {
@@ -32,6 +33,8 @@ __device__ __forceinline__ void delayed_update_tensor(const NVTEScalingGroup& gr
     if (threadIdx.x == 0) {
       h[0] = 0.f;
       if (grp.skipped != nullptr) grp.skipped[j] += 1;
+      // the scale is kept; its inverse is rewritten from it, as after every update
+      grp.scale_inv[j] = 1.f / grp.scale[j];
     }
     __syncthreads();
     return;
