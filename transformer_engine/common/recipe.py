@@ -125,3 +125,89 @@ class Float8CurrentScaling(Recipe):
 
     def __repr__(self) -> str:
         return f"recipe_type={type(self).__name__}, format={self.fp8_format.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """How one tensor role is quantised: power-of-two scales, and a floor for its amax."""
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """GEMM options; use_split_accumulator: accumulate in full fp32 precision."""
+    use_split_accumulator: bool = True
+
+
+@dataclasses.dataclass()
+class Float8BlockScaling(Recipe):
+    """Block-wise FP8 with scales from each block's own amax, computed at every cast:
+    activations (x) and gradients in 1x128 blocks along the GEMM's reduction dimension, weights in
+    128x128 tiles (x/w/grad_block_scaling_dim 1 or 2; two 128x128 operands in one GEMM are not
+    allowed). scale = fp8_max / amax per block, a power of two below it unless use_f32_scales
+    (default: NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 at construction). The GEMMs accumulate in full
+    precision. Natively served by cuBLASLt >= 12.9 on sm_90 (Hopper); on the reference backend
+    everywhere (dequantise, matmul in fp32)."""
+    use_f32_scales: Optional[bool] = None
+    fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp: Optional[QParams] = None
+    fp8_quant_fwd_weight: Optional[QParams] = None
+    fp8_quant_bwd_grad: Optional[QParams] = None
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = MMParams()
+    fp8_gemm_dgrad: MMParams = MMParams()
+    fp8_gemm_wgrad: MMParams = MMParams()
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self):
+        who = "Float8BlockScaling"
+        if self.use_f32_scales is None:
+            from .config import fp8_block_scaling_fp32_scales
+            self.use_f32_scales = fp8_block_scaling_fp32_scales()
+        default = QParams(power_2_scale=not self.use_f32_scales)
+        for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, default)
+            elif not isinstance(value, QParams):
+                raise TypeError(f"{who}: {name} must be a recipe.QParams, got {value!r}")
+            elif value.amax_epsilon != 0.0:
+                raise NotImplementedError(f"{who}: {name}.amax_epsilon={value.amax_epsilon}; only "
+                                          "0.0 is supported")
+        if not isinstance(self.fp8_format, Format):
+            raise TypeError(f"{who}: fp8_format must be a recipe.Format, got {self.fp8_format!r}")
+        if self.fp8_format is Format.E5M2:
+            raise ValueError(f"{who}: fp8_format=E5M2 is not supported; expected E4M3 or HYBRID")
+        dims = {"x_block_scaling_dim": self.x_block_scaling_dim,
+                "w_block_scaling_dim": self.w_block_scaling_dim,
+                "grad_block_scaling_dim": self.grad_block_scaling_dim}
+        for name, dim in dims.items():
+            if dim not in (1, 2):
+                raise ValueError(f"{who}: {name}={dim!r}; expected 1 (1x128) or 2 (128x128)")
+        pairs = (("x", "w"), ("x", "grad"), ("w", "grad"))
+        for p, q in pairs:
+            if dims[f"{p}_block_scaling_dim"] == 2 and dims[f"{q}_block_scaling_dim"] == 2:
+                raise ValueError(f"{who}: {p}_block_scaling_dim and {q}_block_scaling_dim are both "
+                                 "2; a GEMM cannot take two 128x128-blocked operands")
+        for name in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            mm = getattr(self, name)
+            if not isinstance(mm, MMParams) or not mm.use_split_accumulator:
+                raise ValueError(f"{who}: {name} must be MMParams(use_split_accumulator=True); "
+                                 "block scaling needs the full-precision accumulator")
+        if self.fp8_dpa or self.fp8_mha:
+            raise NotImplementedError(f"{who}: fp8_dpa / fp8_mha (FP8 attention) are not "
+                                      "supported with block scaling")
+
+    def float8_block_scaling(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return (f"recipe_type={type(self).__name__}, format={self.fp8_format.name}, "
+                f"use_f32_scales={self.use_f32_scales}, "
+                f"x_block_scaling_dim={self.x_block_scaling_dim}, "
+                f"w_block_scaling_dim={self.w_block_scaling_dim}, "
+                f"grad_block_scaling_dim={self.grad_block_scaling_dim}")

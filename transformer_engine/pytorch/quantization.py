@@ -176,9 +176,11 @@ FP8GlobalState = _FP8GlobalStateType()
 def _check_recipe(recipe, who):
     if recipe is None:
         return get_default_recipe()
+    if isinstance(recipe, Recipe) and recipe.float8_block_scaling():
+        return recipe  # Linear, LayerNormLinear and LayerNormMLP run it (module/_blockwise.py)
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
-                                  "DelayedScaling or Float8CurrentScaling")
+                                  "DelayedScaling, Float8CurrentScaling or Float8BlockScaling")
     if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
         raise NotImplementedError(f"{who}: DelayedScaling.scaling_factor_compute_algo is not supported")
     return recipe

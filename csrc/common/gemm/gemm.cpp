@@ -31,7 +31,7 @@ PlanKey plan_key(const GemmArgs& a, int device) {
                      (a.d_amax != nullptr ? 8 : 0) | (a.beta != 0.f ? 16 : 0),
                  a.epilogue, alignment_of(a.a), alignment_of(a.b), alignment_of(a.d),
                  alignment_of(a.bias), alignment_of(a.aux), static_cast<int64_t>(a.workspace_size),
-                 alignment_of(addend_of(a)), 0, 0};
+                 alignment_of(addend_of(a)), a.a_scale_mode * 4 + a.b_scale_mode, 0};
 }
 
 const char* describe_problem(const GemmArgs& a) {
