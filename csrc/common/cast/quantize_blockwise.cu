@@ -1,10 +1,11 @@
 // Block-wise FP8 quantisation (Float8BlockScaling): one fp32 scale per 1x128 row segment or per
 // 128x128 tile, computed from the block's own amax (see cast.h for the formulas and layouts).
 //
-// One thread block of kTile threads per 128x128 tile of the input. Thread t owns row r0 + t for
-// the row-wise 1x128 blocks and column c0 + t for the column-wise (transposed) 128x1 blocks and
-// the 128x128 tile's amax, so no block needs a cross-thread reduction except the 2-D one. Each
-// element is read twice (amax pass, cast pass); the second read comes from L1/L2.
+// One thread block of kTile threads per 128x128 tile of the input. Row-wise 1x128 blocks: a warp
+// per row, its lanes across the columns; column-wise 128x1 blocks (the transposed output) and the
+// 128x128 tile: thread t owns column c0 + t. Reads are coalesced either way; the transpose is
+// written 16 bytes per store where its rows allow. Each element is read twice (amax pass, cast
+// pass); the second read comes from L1/L2.
 #include <float.h>
 
 #include "transformer_engine/cast.h"
@@ -33,13 +34,35 @@ __device__ __forceinline__ float block_scale(float amax, float fp8_max, bool pow
   return s;
 }
 
+// int64_t is long on one platform and long long on another: no min() overload to rely on.
+__device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 struct BlockwiseParams {
   int64_t rows, cols;
   int64_t ld_scale, ld_scale_t;  // row pitch of the scale arrays (elements)
   float* scale_inv;              // row-wise (1-D) or tile (2-D) scales of out
   float* scale_inv_t;            // scales of out_t (null: no transposed output)
   bool pow2;
+  bool vec_t;  // rows % 16 == 0 and out_t 16-byte aligned: 16-byte stores into the transpose
 };
+
+// Writes column c of the tile (input rows [r0, r_end)) times s into row c of the transpose: 16
+// values per store where p.vec_t says rows are a multiple of 16 and out_t is 16-byte aligned.
+template <typename InT, typename OutT>
+__device__ __forceinline__ void write_transposed(const InT* in, OutT* out_t, const BlockwiseParams& p,
+                                                 int64_t c, int64_t r0, int64_t r_end, float s) {
+  OutT* dst = out_t + c * p.rows;
+  if (p.vec_t) {
+    for (int64_t i = r0; i < r_end; i += 16) {
+      Vec<OutT, 16> v;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v.v[k] = from_float<OutT>(to_float(in[(i + k) * p.cols + c]) * s);
+      v.store(dst + i);
+    }
+    return;
+  }
+  for (int64_t i = r0; i < r_end; ++i) dst[i] = from_float<OutT>(to_float(in[i * p.cols + c]) * s);
+}
 
 template <typename InT, typename OutT>
 __global__ void __launch_bounds__(kTile)
@@ -47,26 +70,30 @@ quantize_1d_kernel(const InT* __restrict__ in, OutT* __restrict__ out, OutT* __r
                    BlockwiseParams p) {
   const float fp8_max = fp8_max_of(OutT{});
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  const int64_t r_end = min(r0 + kTile, p.rows), c_end = min(c0 + kTile, p.cols);
-  const int t = threadIdx.x;
-  // Row-wise: row r0 + t, columns [c0, c_end).
-  const int64_t r = r0 + t;
-  if (out != nullptr && r < r_end) {
-    const InT* src = in + r * p.cols;
-    float amax = 0.f;
-    for (int64_t c = c0; c < c_end; ++c) amax = amax_step(amax, to_float(src[c]));
-    const float s = block_scale(amax, fp8_max, p.pow2);
-    for (int64_t c = c0; c < c_end; ++c) out[r * p.cols + c] = from_float<OutT>(to_float(src[c]) * s);
-    p.scale_inv[blockIdx.x * p.ld_scale + r] = 1.f / s;
+  const int64_t r_end = min_i64(r0 + kTile, p.rows), c_end = min_i64(c0 + kTile, p.cols);
+  // Row-wise 1x128 blocks: one warp per row at a time, its lanes across the block's columns
+  // (coalesced); the butterfly reduction leaves the amax in every lane.
+  if (out != nullptr) {
+    const int lane = threadIdx.x % TE_WARP_SIZE, warp = threadIdx.x / TE_WARP_SIZE;
+    constexpr int kWarps = kTile / TE_WARP_SIZE;
+    for (int64_t r = r0 + warp; r < r_end; r += kWarps) {
+      const InT* src = in + r * p.cols;
+      float amax = 0.f;
+      for (int64_t c = c0 + lane; c < c_end; c += TE_WARP_SIZE) amax = amax_step(amax, to_float(src[c]));
+      amax = warp_reduce_max(amax);
+      const float s = block_scale(amax, fp8_max, p.pow2);
+      for (int64_t c = c0 + lane; c < c_end; c += TE_WARP_SIZE)
+        out[r * p.cols + c] = from_float<OutT>(to_float(src[c]) * s);
+      if (lane == 0) p.scale_inv[blockIdx.x * p.ld_scale + r] = 1.f / s;
+    }
   }
-  // Column-wise into the transpose: column c0 + t, rows [r0, r_end).
-  const int64_t c = c0 + t;
+  // Column-wise 128x1 blocks into the transpose: thread t owns column c0 + t (coalesced reads).
+  const int64_t c = c0 + threadIdx.x;
   if (out_t != nullptr && c < c_end) {
     float amax = 0.f;
     for (int64_t i = r0; i < r_end; ++i) amax = amax_step(amax, to_float(in[i * p.cols + c]));
     const float s = block_scale(amax, fp8_max, p.pow2);
-    for (int64_t i = r0; i < r_end; ++i)
-      out_t[c * p.rows + i] = from_float<OutT>(to_float(in[i * p.cols + c]) * s);
+    write_transposed(in, out_t, p, c, r0, r_end, s);
     p.scale_inv_t[blockIdx.y * p.ld_scale_t + c] = 1.f / s;
   }
 }
@@ -79,7 +106,7 @@ quantize_2d_kernel(const InT* __restrict__ in, OutT* __restrict__ out, OutT* __r
   __shared__ float tile_scale;
   const float fp8_max = fp8_max_of(OutT{});
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  const int64_t r_end = min(r0 + kTile, p.rows), c_end = min(c0 + kTile, p.cols);
+  const int64_t r_end = min_i64(r0 + kTile, p.rows), c_end = min_i64(c0 + kTile, p.cols);
   const int64_t c = c0 + threadIdx.x;
   float amax = 0.f;
   if (c < c_end)
@@ -94,11 +121,9 @@ quantize_2d_kernel(const InT* __restrict__ in, OutT* __restrict__ out, OutT* __r
   __syncthreads();
   const float s = tile_scale;
   if (c >= c_end) return;
-  for (int64_t i = r0; i < r_end; ++i) {
-    const OutT q = from_float<OutT>(to_float(in[i * p.cols + c]) * s);
-    out[i * p.cols + c] = q;
-    if (out_t != nullptr) out_t[c * p.rows + i] = q;
-  }
+  for (int64_t i = r0; i < r_end; ++i)
+    out[i * p.cols + c] = from_float<OutT>(to_float(in[i * p.cols + c]) * s);
+  if (out_t != nullptr) write_transposed(in, out_t, p, c, r0, r_end, s);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -151,6 +176,7 @@ extern "C" NVTEStatus nvte_quantize_blockwise(const NVTETensor* input, NVTETenso
     p.pow2 = pow2_scales;
     p.scale_inv = output->scale_inv;
     p.scale_inv_t = with_t ? output_t->scale_inv : nullptr;
+    p.vec_t = with_t && rows % 16 == 0 && aligned16(output_t->data);
     if (block_dim == 2) {
       p.ld_scale = round_up4(ceil_div(cols, kTile));
       p.ld_scale_t = round_up4(ceil_div(rows, kTile));
