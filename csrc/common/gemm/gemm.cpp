@@ -38,7 +38,8 @@ const char* describe_problem(const GemmArgs& a) {
   thread_local std::string text;
   text = concat(nvte_dtype_name(a.a_type), " x ", nvte_dtype_name(a.b_type), " -> ",
                 nvte_dtype_name(a.d_type), ", layout ", a.transa ? "T" : "N", a.transb ? "T" : "N",
-                ", m=", a.m, " n=", a.n, " k=", a.k, ", epilogue ", epilogue_name(a.epilogue));
+                ", m=", a.m, " n=", a.n, " k=", a.k, ", epilogue ", epilogue_name(a.epilogue),
+                is_block_scaled(a) ? ", block-scaled (1x128 / 128x128 scales)" : "");
   return text.c_str();
 }
 
