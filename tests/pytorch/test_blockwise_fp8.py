@@ -220,6 +220,7 @@ def test_recipe_defaults_and_fields(monkeypatch):
     (dict(fp8_format=recipe.Format.E5M2), ValueError, "E5M2"),
     (dict(fp8_gemm_dgrad=recipe.MMParams(use_split_accumulator=False)), ValueError, "fp8_gemm_dgrad"),
     (dict(fp8_dpa=True), NotImplementedError, "fp8_dpa"),
+    (dict(backward_override="high_precision"), NotImplementedError, "backward_override"),
     (dict(fp8_quant_fwd_inp=recipe.QParams(amax_epsilon=1e-3)), NotImplementedError, "amax_epsilon"),
 ])
 def test_recipe_rejects(kwargs, error, match):

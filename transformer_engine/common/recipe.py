@@ -162,9 +162,13 @@ class Float8BlockScaling(Recipe):
     fp8_gemm_wgrad: MMParams = MMParams()
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
     def __post_init__(self):
         who = "Float8BlockScaling"
+        if self.backward_override is not None:
+            raise NotImplementedError(f"{who}: backward_override={self.backward_override!r}; only "
+                                      "None (FP8 backward GEMMs) is supported")
         if self.use_f32_scales is None:
             from .config import fp8_block_scaling_fp32_scales
             self.use_f32_scales = fp8_block_scaling_fp32_scales()
