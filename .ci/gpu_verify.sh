@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# The one GPU verification script (run on the lent H100/H200 through the device tool):
+# The one GPU verification script (an NVIDIA H100/H200 machine):
 # builds from a clean tree, runs the Python suites on the GPU, the C API tests, and the
 # benchmarks, and prints a short summary last. Results land in $OUT.
 #
 #   bash .ci/gpu_verify.sh                       everything
 #   PYTEST_ARGS="tests/pytorch/test_quantize.py" BENCHES="benchmarks/bench_quantize.py" bash .ci/gpu_verify.sh
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
-#   SKIP_BUILD=1 ... use the package a previous call installed on this (still warm) machine
+#   SKIP_BUILD=1 ... use the package an earlier run installed on this machine
+#   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below)
+#   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
+#                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
+#                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+#                    NVSHMEM_DISABLE_NVLS=1)
 #
-# The GPU machine has no internet: the header-only cudnn-frontend travels with the tree in the
-# git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
-# -d /tmp/fe && unzip -q /tmp/fe/*.whl 'include/*' -d .cudnn_fe; carry it in the device call).
+# compute-sanitizer: memcheck, racecheck, synccheck and initcheck, each over the C API tests
+# (CPP_FILTER) and over a small pytest kernel subset (SANITIZE_PYTEST), logs in
+# $OUT/sanitize_<tool>_<cpp|py>.log; .ci/sanitizer_summary.py counts the findings, ours (te::)
+# apart, into $OUT/sanitize_summary.txt and the final summary. Ours must be zero.
+#
+# For a GPU machine without internet access, the header-only cudnn-frontend can travel with the
+# tree in the git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
+# -d /tmp/fe && unzip -q /tmp/fe/*.whl 'include/*' -d .cudnn_fe; copy it along with the tree).
 # The build looks for include/cudnn_frontend.h on sys.path, hence PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +28,14 @@ OUT=${OUT:-/tmp/te_gpu_out}
 mkdir -p "$OUT"
 export NVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-90a}
 export PYTHONUNBUFFERED=1
+if [ "${GPUS:-1}" -ge 2 ]; then
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  visible=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$visible" -ge "$GPUS" ] || { echo "GPUS=$GPUS but $visible GPUs visible"; exit 1; }
+  PYTEST_ARGS=${PYTEST_ARGS:-tests/distributed}
+  BENCHES=${BENCHES:-benchmarks/bench_distributed.py}
+  SKIP_CPP=${SKIP_CPP:-1} SKIP_SANITIZE=${SKIP_SANITIZE:-1}
+fi
 # steps may run inside pipelines (subshells), so they record into a file, not a variable
 : > "$OUT/summary.txt"
 step() { local name=$1; shift; local t0=$SECONDS; "$@"; local rc=$?; printf '%-16s rc=%d %4ds\n' "$name" "$rc" $((SECONDS - t0)) >> "$OUT/summary.txt"; return $rc; }
@@ -49,6 +67,35 @@ if [ "${SKIP_CPP:-0}" != 1 ]; then
   step cpp-test ./build/cpp/te_cpp_tests ${CPP_FILTER:-} 2>&1 | tee "$OUT/cpp_tests.log" | tail -15
 fi
 
+sanitize() {  # tool suite command...
+  local tool=$1 suite=$2; shift 2
+  local extra=()
+  # racecheck and synccheck track mbarriers (the wgmma backward's stages, cuDNN's kernels) in a
+  # table of --num-cuda-barriers a block. With the automatic size racecheck lost the backward's
+  # mbarriers and reported thousands of hazards on its stages, none with 64; synccheck still
+  # overflowed at 64 in cuDNN's backward ("Detected overflow of tracked cuda::barrier
+  # structures"), after which the context fails and the later tests with it
+  case $tool in
+    racecheck) extra=(--racecheck-report analysis --num-cuda-barriers 1024) ;;
+    synccheck) extra=(--num-cuda-barriers 1024) ;;
+  esac
+  timeout "${SANITIZE_TIMEOUT:-900}" "$SANITIZER" --tool "$tool" --print-limit 100000 "${extra[@]}" \
+    --log-file "$OUT/sanitize_${tool}_${suite}.log" "$@" > "$OUT/sanitize_${tool}_${suite}.out" 2>&1
+}
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+SANITIZE_PYTEST=${SANITIZE_PYTEST:-tests/pytorch/test_attention_kernels.py -k "portable and (bshd_causal_d128 or sbhd_causal_br_gqa or bshd_nomask_tiles_gqa_d128)"}
+if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -x "$SANITIZER" ]; then
+  rm -f "$OUT"/sanitize_*.log
+  tools="memcheck racecheck synccheck initcheck"
+  if [ -x build/cpp/te_cpp_tests ]; then
+    for tool in $tools; do step "san-$tool-cpp" sanitize $tool cpp ./build/cpp/te_cpp_tests ${CPP_FILTER:-}; done
+  fi
+  eval "set -- $SANITIZE_PYTEST"
+  for tool in $tools; do step "san-$tool-py" sanitize $tool py $PY -m pytest -q -p no:cacheprovider "$@"; done
+  python3 .ci/sanitizer_summary.py "$OUT"/sanitize_*.log > "$OUT/sanitize_summary.txt"
+  printf '%-16s rc=%d\n' sanitize-ours $? >> "$OUT/summary.txt"
+fi
+
 for bench in ${BENCHES:-benchmarks/bench_*.py}; do
   [ -f "$bench" ] || continue
   name=$(basename "$bench" .py)
@@ -59,4 +106,5 @@ echo "==================== summary ===================="
 head -4 "$OUT/info.txt"
 grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1
 [ -f "$OUT/cpp_tests.log" ] && tail -1 "$OUT/cpp_tests.log"
+[ -f "$OUT/sanitize_summary.txt" ] && cat "$OUT/sanitize_summary.txt"
 cat "$OUT/summary.txt"

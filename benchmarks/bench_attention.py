@@ -10,7 +10,10 @@ or refusing the shape) is reported with its reason, not timed. Calls are timed a
 CUDA graph of ten calls (kernel time alone, for every contender); slow calls (> 50 ms) with fewer
 repetitions and without graph capture.
 
-Only the GPT block (issue 7's TransformerLayer step): --filter gpt_block (or run
+The sdpa backend against SDPA called directly, and the measurement behind the NVIDIA order of
+sdpa and portable: --filter 'sdpa_backend|order' (attention_cases/sdpa_backend.py).
+
+Only the GPT block (a TransformerLayer step): --filter gpt_block (or run
 benchmarks/attention_cases/transformer_layer.py, which also records the bars in its JSON).
 Kernel-level breakdown of the block: benchmarks/profile_modules.py --module TransformerLayer
 --recipe bf16, and --module PlainBlock [--compile] for the torch peer.
@@ -97,6 +100,9 @@ def main():
             ratios = [f"{k.replace('_vs_', ' vs ')} x{v:.2f}" for k, v in row.items() if "_vs_" in k]
             print("    " + ", ".join(parts) + ("\n    " + ", ".join(ratios) if ratios else ""),
                   flush=True)
+        if hasattr(module, "run_wrapper_cost") and common.selected("sdpa_backend wrapper_cost", args.filter):
+            print("  sdpa_backend wrapper_cost (eager, host work included)", flush=True)
+            rows += [{"group": "sdpa_backend_eager", **row} for row in module.run_wrapper_cost(args.quick)]
     cols = ["group", "name", "shape"] + sorted({k for r in rows for k in r
                                                  if k.endswith("tflops") or "_vs_" in k})
     common.print_table(rows, cols)

@@ -11,8 +11,8 @@ Shapes are (M tokens, N output features, K reduction); TFLOP/s counts 2*M*N*K. T
 kernels' alone (common.time_ms replays CUDA graphs), inputs rotate over three sets. The first
 general_gemm call of a shape (the accuracy check, before any timing) is the one where cuBLASLt's
 plan times its heuristic candidates and keeps the fastest. `--filter REGEX` runs the rows whose
-"kind MxNxK" label matches. The bar of
-issue 5 is te/peer >= 0.97 at every shape (> 1 for the fused epilogue); meets_bar says whether
+"kind MxNxK" label matches. The bar
+is te/peer >= 0.97 at every shape (> 1 for the fused epilogue); meets_bar says whether
 a row meets it.
 """
 import os

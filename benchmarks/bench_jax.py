@@ -1,9 +1,15 @@
 """JAX frontend step time (forward + backward under jit): Transformer Engine's Flax LayerNormMLP
 and TransformerLayer in BF16 and FP8 (delayed scaling) against plain Flax in BF16
 (nn.LayerNorm + nn.Dense, jax.nn.dot_product_attention with its cuDNN implementation), all in
-this run. Prints times and ratios (plain Flax BF16 time / ours: > 1 means we are faster)."""
+this run. Prints times and ratios (plain Flax BF16 time / ours: > 1 means we are faster).
+
+--filter attention: transformer_engine.jax.fused_attn forced to each native backend (the XLA FFI
+custom call: te_cudnn, te_portable) and as dispatched by default (te_default) against
+jax.nn.dot_product_attention(implementation="cudnn"), forward and backward (= fwd+bwd - fwd),
+bf16 bshd, causal and not; ratios are the peer's time / ours."""
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -80,6 +86,103 @@ def step_ms(model, x, fp8_recipe=None, reps=20):
     return statistics.median(times)
 
 
+_SWITCHES = {"cudnn": "NVTE_FUSED_ATTN", "portable": "NVTE_FLASH_ATTN", "sdpa": "NVTE_SDPA_ATTN",
+             "unfused": "NVTE_UNFUSED_ATTN"}
+ATTN_SHAPES = [(4, 2048, 16, 128), (4, 4096, 32, 128), (1, 16384, 32, 128)]  # b, s, h, d
+
+
+@contextlib.contextmanager
+def _forced(backend):
+    """The attention switches forcing `backend` (None: the defaults) for the block."""
+    from transformer_engine.jax.primitives import attention_selection
+    saved = {var: os.environ.get(var) for var in _SWITCHES.values()}
+    if backend is not None:
+        os.environ.update({var: "1" if name == backend else "0" for name, var in _SWITCHES.items()})
+    attention_selection.clear_backend_cache()
+    try:
+        yield attention_selection
+    finally:
+        for var, val in saved.items():
+            if val is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = val
+
+
+def _compiled_with(backend, fn, *args):
+    """fn jitted and compiled under _forced(backend): the dispatcher decides at trace time, so
+    the compiled call keeps that choice."""
+    with _forced(backend):
+        return jax.jit(fn).lower(*args).compile()
+
+
+def _declined(backend, q, k, v, mask):
+    """Why the dispatcher would not run `backend` here ('' when it would)."""
+    if backend is None:
+        return ""
+    from transformer_engine.jax.attention import attention_config
+    with _forced(backend) as selection:
+        cfg = attention_config(q, k, v, qkv_format="bshd", mask_type=mask, window_size=None,
+                               dropout_p=0.0, has_bias=False, has_mask_tensor=False)
+        report = selection.get_attention_backend(cfg)
+    return "" if report.chosen == backend else "; ".join(report.reasons(backend)) or report.note
+
+
+def _median_ms(compiled, args, reps):
+    for _ in range(3):
+        jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def attention_rows(reps, pattern):
+    rows = []
+    for b, s, h, d in ATTN_SHAPES:
+        for causal in (False, True):
+            label = f"attention {b}x{s}x{h}x{d} {'causal' if causal else 'full'}"
+            if not common.selected(label, pattern):
+                continue
+            keys = jax.random.split(jax.random.PRNGKey(s + h), 4)
+            q, k, v, do = (jax.random.normal(key, (b, s, h, d), jnp.float32).astype(BF16) for key in keys)
+            mask = "causal" if causal else "no_mask"
+            fns = {"te_cudnn": ("cudnn", lambda q, k, v: te.fused_attn(q, k, v, attn_mask_type=mask)),
+                   "te_portable": ("portable", lambda q, k, v: te.fused_attn(q, k, v, attn_mask_type=mask)),
+                   "te_default": (None, lambda q, k, v: te.fused_attn(q, k, v, attn_mask_type=mask)),
+                   "jax_cudnn": (None, lambda q, k, v: jax.nn.dot_product_attention(
+                       q, k, v, is_causal=causal, implementation="cudnn"))}
+            row = {"case": label}
+            flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+            for name, (backend, fn) in fns.items():
+                def fwd_bwd(q, k, v, do, fn=fn):
+                    out, vjp = jax.vjp(fn, q, k, v)
+                    return vjp(do)
+                why = _declined(backend, q, k, v, mask)
+                if why:  # never time a fallback under this backend's name
+                    row[f"{name}_error"] = f"declined: {why}"
+                    print(f"    {label} {name}: not timed ({why})", flush=True)
+                    continue
+                try:
+                    t_fwd = _median_ms(_compiled_with(backend, fn, q, k, v), (q, k, v), reps)
+                    t_all = _median_ms(_compiled_with(backend, fwd_bwd, q, k, v, do), (q, k, v, do), reps)
+                except Exception as exc:  # a backend not built or declining: reported, not timed
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"    {label} {name}: not timed ({row[f'{name}_error']})", flush=True)
+                    continue
+                row[f"{name}_fwd_ms"], row[f"{name}_bwd_ms"] = t_fwd, max(t_all - t_fwd, 1e-6)
+                row[f"{name}_fwd_tflops"] = flops / (t_fwd * 1e-3) / 1e12
+            for name in ("te_cudnn", "te_portable", "te_default"):
+                for part in ("fwd", "bwd"):
+                    if f"{name}_{part}_ms" in row and f"jax_cudnn_{part}_ms" in row:
+                        row[f"{name}_{part}_vs_jax_cudnn"] = row[f"jax_cudnn_{part}_ms"] / row[f"{name}_{part}_ms"]
+            print("    " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if "_vs_" in k), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main():
     args = common.parse_args(__doc__)
     reps = 5 if args.quick else 20
@@ -110,6 +213,10 @@ def main():
                      "speedup_bf16": base / te_bf16, "speedup_fp8": base / te_fp8})
     common.print_table(rows, ["case", "shape", "flax_bf16_ms", "te_bf16_ms", "te_fp8_ms",
                               "speedup_bf16", "speedup_fp8"])
+    attn = attention_rows(reps, args.filter)
+    if attn:
+        common.print_table(attn, ["case"] + sorted({k for r in attn for k in r if "_vs_" in k}))
+    rows += attn
     record = {"jax": jax.__version__, "backend": jax.default_backend()}
     try:
         record.update(common.device_record())

@@ -13,7 +13,7 @@ te, eager and compiled are timed interleaved (common.time_interleaved_ms: rounds
 replays, each contender's median per round, then the median over rounds), so clock or thermal
 drift during a case does not favour whichever contender ran at a better moment.
 
-Issue 4's bars are checked per row: % of copy (normalization forward 85, backward 75;
+The kernels' bars are checked per row: % of copy (normalization forward 85, backward 75;
 activations 85; softmax 80; RoPE and the bias gradient have none) and te at least as fast as
 compiled (te_vs_compiled >= 1). Cases may name a group (with a weight per case): the group's
 total time and bandwidth are printed after the table. `--filter REGEX` runs the cases whose
@@ -104,7 +104,7 @@ def print_groups(rows: list) -> None:
 
 
 def copy_bar(family: str, name: str):
-    """Issue 4's bandwidth bar for a case, in % of copy (None: the family has none)."""
+    """The bandwidth bar for a case, in % of copy (None: the family has none)."""
     if family == "normalization":
         if name.endswith("_fp8"):
             return None  # its bar: within 10% of the time of the bf16 output (fp8_vs_bf16_time)

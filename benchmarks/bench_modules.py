@@ -1,4 +1,4 @@
-"""Module benchmark (issue 6): te.Linear, te.LayerNormLinear, te.LayerNormMLP against their
+"""Module benchmark: te.Linear, te.LayerNormLinear, te.LayerNormMLP against their
 torch.nn equivalents, in the same run, on the same weights and inputs.
 
 1. Step time: forward + backward at GPT shapes (tokens 16384, hidden 4096, ffn 16384) of
@@ -9,7 +9,7 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
    into graphs here) with events around STEP_CALLS steps issued back to back, as a training loop
    issues them: the mean step of that steady state. (Around one synchronised step the events
    would also time the host's work before the step's first kernel, while the GPU idles: on the
-   slow hosts of the lent machines that is 0.1-1 ms per step, for every contender.) The
+   slow, shared hosts that is 0.1-1 ms per step, for every contender.) The
    contenders take turns over STEP_ROUNDS rounds, each keeping its median round. te BF16 and
    torch.compile are then timed once more, the two alone in alternation, and their ratio is taken
    within each round (paired_te_bf16_vs_compile: see paired_bf16_vs_compile).
@@ -20,12 +20,12 @@ torch.nn equivalents, in the same run, on the same weights and inputs.
 2. Host time of one te.Linear forward + backward at 64 x 1024 x 1024 against torch.nn.Linear, BF16
    and FP8 (current and delayed scaling): N steps are issued back to back with no synchronisation
    and the wall time of the Python loop is divided by N. At this shape the kernels of a step take
-   less time than issuing them, so the loop measures the host. The lent hosts are shared: other
+   less time than issuing them, so the loop measures the host. Shared hosts vary: other
    work slows single rounds by up to 3x, so a round times its N steps in chunks of HOST_CHUNK and
    keeps the best chunk (the time of the code itself; interference only adds), the contenders
    take turns (order reversed every other round), and te's ratio to torch.nn is taken within
    each round, its median over HOST_ROUNDS rounds reported (te_over_torch). The median of the
-   whole-round times of session 8's method is kept beside it (te_over_torch_round_medians). Shown
+   whole-round times (the earlier method) is kept beside it (te_over_torch_round_medians). Shown
    too: the GPU's own time per step (steps queued behind a busy-wait kernel, so they run without
    host gaps: see gpu_time_us); host_us > gpu_us confirms that the host was the bottleneck.
    Bar: te <= 1.5x torch.nn.Linear.
@@ -195,8 +195,8 @@ def paired_bf16_vs_compile(te_step, compile_step, reps):
 
 # ----- 2. host time ------------------------------------------------------------------------------
 
-# 15 rounds: on the lent machines single rounds of one contender vary up to 3x (session 5: 243 to
-# 795 us within a run), and the median of 7 moved by a third between two runs of one tree
+# 15 rounds: on shared hosts single rounds of one contender vary up to 3x (243 to 795 us
+# within one run), and the median of 7 moved by a third between two runs of one tree
 HOST_ROUNDS = 15
 
 

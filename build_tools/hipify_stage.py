@@ -21,12 +21,13 @@ SOURCE_EXTS = (".cu", ".cpp")
 
 
 def _load_hipify():
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
+    from .backend import find_package_dir  # the user's torch also under pip's build isolation
+    torch_dir = find_package_dir("torch")
+    if torch_dir is None:
         raise RuntimeError("the ROCm build needs PyTorch's hipify: pip install torch "
                            "(any build; it is only read, not imported)")
     warnings.filterwarnings("ignore", category=FutureWarning, message=".*hipify.*")
-    pkg_dir = os.path.join(list(spec.submodule_search_locations)[0], "utils", "hipify")
+    pkg_dir = os.path.join(torch_dir, "utils", "hipify")
     name = "_te_torch_hipify"
     if name + ".hipify_python" in sys.modules:
         return sys.modules[name + ".hipify_python"]

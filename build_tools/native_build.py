@@ -2,17 +2,22 @@
 
 Usable from setup.py (pip install .) and on its own:
     python -m build_tools.native_build --build-dir build/native [--out DIR]
+
+A build directory remembers the configuration it was made for (build_key.json: the CMake
+arguments, the cmake and ninja executables). When a later build asks for another one (another
+toolchain, archs, Python, or pip's temporary build environment of an earlier run, since deleted)
+the directory is emptied first, so a stale or foreign build directory never breaks a build.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 
-from .backend import BuildPlan, plan_build
+from .backend import BuildPlan, cublas_search_dirs, find_package_dir, host_site_paths, plan_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTPUT_GLOBS = ("libtransformer_engine.so", "_native*.so")  # _native*: also _native_jax
@@ -25,37 +30,18 @@ def xla_ffi_include_dir() -> str | None:
     given = os.environ.get("NVTE_XLA_FFI_INCLUDE")
     if given:
         return given
-    import importlib.util
-    spec = importlib.util.find_spec("jaxlib")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        cand = os.path.join(root, "include")
-        if os.path.isfile(os.path.join(cand, "xla", "ffi", "api", "ffi.h")):
-            return cand
+    root = find_package_dir("jaxlib")  # also under pip's build isolation (see backend.py)
+    cand = os.path.join(root, "include") if root else None
+    if cand and os.path.isfile(os.path.join(cand, "xla", "ffi", "api", "ffi.h")):
+        return cand
     return None
-
-
-def cublas_search_dirs() -> list:
-    """cuBLASLt comes from the nvidia-cublas wheel (nvidia/cu13 or nvidia/cublas) or the toolkit."""
-    dirs = []
-    roots = [p for p in sys.path if p and os.path.isdir(p)]
-    roots += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for root in dict.fromkeys(roots):
-        for sub in ("nvidia/cu13", "nvidia/cublas", "nvidia/cu12"):
-            cand = os.path.join(root, sub)
-            if os.path.isdir(os.path.join(cand, "lib")):
-                dirs.append(cand)
-    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    dirs += [cuda_home, os.path.join(cuda_home, "targets", "x86_64-linux")]
-    return dirs
 
 
 def cudnn_search_dirs() -> list:
     """cudnn.h from the nvidia-cudnn-cu13 wheel (nvidia/cudnn) and the nvidia-cudnn-frontend
     headers (installed as <site-packages>/include); both optional (attention's cuDNN backend)."""
     dirs = []
-    roots = [p for p in sys.path if p and os.path.isdir(p)]
-    roots += [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for root in dict.fromkeys(roots):
+    for root in host_site_paths():
         for sub in ("nvidia/cudnn", "nvidia/cu13", ""):
             cand = os.path.join(root, sub) if sub else root
             if os.path.isfile(os.path.join(cand, "include", "cudnn.h")) or \
@@ -100,6 +86,10 @@ def _rocm_compiler_args(hipcc: str) -> list:
     return args
 
 
+def _own_hipified_dir(build_dir: str) -> str:
+    return os.path.join(build_dir, "hipified", "common")
+
+
 def configure_args(plan: BuildPlan, build_dir: str) -> list:
     args = [
         f"-DNVTE_BACKEND={plan.backend}",
@@ -110,12 +100,14 @@ def configure_args(plan: BuildPlan, build_dir: str) -> list:
     ffi_include = xla_ffi_include_dir() if "jax" in plan.frameworks else None
     if ffi_include:
         args.append(f"-DNVTE_XLA_FFI_INCLUDE={ffi_include}")
-    if shutil.which("ninja"):
-        args.append("-GNinja")
+    ninja = shutil.which("ninja")
+    if ninja:
+        # named explicitly: a cached path (e.g. of pip's deleted build environment) never wins
+        args += ["-GNinja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
     if plan.backend == "cuda":
         args += [f"-DNVTE_CUDA_ARCHS={plan.archs}",
                  f"-DCMAKE_CUDA_COMPILER={plan.compiler}",
-                 f"-DNVTE_CUBLAS_DIRS={';'.join(cublas_search_dirs())}",
+                 f"-DNVTE_CUBLAS_DIRS={';'.join(cublas_search_dirs(plan.home))}",
                  f"-DNVTE_CUDNN_DIRS={';'.join(cudnn_search_dirs())}"]
         if shutil.which("ccache"):
             args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
@@ -128,9 +120,7 @@ def configure_args(plan: BuildPlan, build_dir: str) -> list:
                 raise RuntimeError(f"NVTE_HIPIFIED_DIR={hip_dir} holds no sources.txt: "
                                    "run python -m build_tools.hipify_stage first")
         else:
-            from .hipify_stage import hipify_tree
-            hip_dir = os.path.join(build_dir, "hipified", "common")
-            hipify_tree(os.path.join(ROOT, "csrc", "common"), hip_dir)
+            hip_dir = _own_hipified_dir(build_dir)  # filled by build(), after the key check
         rocm = os.path.dirname(os.path.dirname(plan.compiler))
         args += [f"-DNVTE_ROCM_ARCH={plan.archs}", f"-DNVTE_HIPIFIED_DIR={hip_dir}",
                  f"-DCMAKE_PREFIX_PATH={rocm}",
@@ -148,7 +138,12 @@ def build(build_dir: str, out_dir: str | None = None, plan: BuildPlan | None = N
     build_dir = os.path.abspath(build_dir)
     os.makedirs(build_dir, exist_ok=True)
     cmake = _cmake()
-    subprocess.check_call([cmake, "-S", ROOT, "-B", build_dir] + configure_args(plan, build_dir))
+    args = configure_args(plan, build_dir)
+    _reset_if_foreign(build_dir, {"cmake": os.path.realpath(cmake), "args": args})
+    if plan.backend == "rocm" and not os.environ.get("NVTE_HIPIFIED_DIR"):
+        from .hipify_stage import hipify_tree
+        hipify_tree(os.path.join(ROOT, "csrc", "common"), _own_hipified_dir(build_dir))
+    subprocess.check_call([cmake, "-S", ROOT, "-B", build_dir] + args)
     jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
     subprocess.check_call([cmake, "--build", build_dir, "--parallel", jobs])
     outputs = []
@@ -162,6 +157,24 @@ def build(build_dir: str, out_dir: str | None = None, plan: BuildPlan | None = N
             shutil.copy2(path, dst)
             copied.append(dst)
     return copied or outputs
+
+
+def _reset_if_foreign(build_dir: str, key: dict) -> None:
+    """Empties build_dir when it was configured for another key (or by an unknown build)."""
+    key_file = os.path.join(build_dir, "build_key.json")
+    try:
+        with open(key_file) as fh:
+            same = json.load(fh) == key
+    except (OSError, ValueError):
+        same = not os.listdir(build_dir)
+    if not same:
+        print(f"transformer_engine build: {build_dir} was configured for another toolchain or "
+              f"environment; starting it afresh", flush=True)
+        for name in os.listdir(build_dir):
+            path = os.path.join(build_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    with open(key_file, "w") as fh:
+        json.dump(key, fh, indent=1)
 
 
 def main(argv=None):

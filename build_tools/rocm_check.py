@@ -19,7 +19,7 @@ Steps (each failure is reported by name; the exit status is 1 if any failed):
              says "rocm backend, no device" and `python -m transformer_engine info` runs
 
 The pure functions (sources, twins, identifier scan, kernel families, bundle splitting) are
-used by tests/build as well, which run on any machine without the sysroot.
+used by tests/buildsys as well, which run on any machine without the sysroot.
 """
 from __future__ import annotations
 

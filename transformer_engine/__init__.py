@@ -4,4 +4,12 @@ plain-framework reference backend everywhere else.
 Importing this package imports no framework; use transformer_engine.pytorch or
 transformer_engine.jax.
 """
-__version__ = "0.1.0"
+# Version rule (PEP 440): the release part is the NVIDIA Transformer Engine API level this library
+# implements, so that clients which gate code paths on the TE version (Megatron-Core's
+# is_te_min_version, Lightning's and Accelerate's requirements) take the paths for that level and
+# never ones needing a later release; the local label "+portable" marks this implementation.
+# The level is raised only when every client gate up to the new level lands on something
+# implemented here. Megatron-Core 0.19 gates at 2.6 need Linear(save_original_input=...) and at
+# 2.7 import transformer_engine.pytorch.router, neither of which exists here, so the level is 2.5.
+# pyproject.toml reads the distribution's version from this line.
+__version__ = "2.5.0+portable"

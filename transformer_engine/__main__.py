@@ -1,6 +1,8 @@
-"""python -m transformer_engine info: what was built, what device is here, and why."""
+"""python -m transformer_engine info (or te-info): what was built, what device is here, and why.
+One line per fact."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 
@@ -19,26 +21,42 @@ def _framework_versions() -> list:
     return out
 
 
+def _build_lines(summary) -> list:
+    if summary is None:
+        return ["build: no build summary (running from a source tree, not from pip install)"]
+    lines = [f"build: backend {summary.get('backend')} ({summary.get('reason')})"]
+    if summary.get("archs"):
+        lines.append(f"build archs: {summary['archs']}")
+    lines += [f"build warning: {w}" for w in summary.get("warnings", [])]
+    return lines
+
+
 def info() -> str:
     import transformer_engine
     from transformer_engine.common import capabilities
-    from transformer_engine.common.native import native_module, native_unavailable_reason
+    from transformer_engine.common.native import (build_summary, native_module,
+                                                  native_unavailable_reason)
 
     lines = [f"transformer_engine {transformer_engine.__version__}"]
+    lines += _build_lines(build_summary())
     mod = native_module()
     if mod is None:
-        lines.append(f"build backend: none (reference only): {native_unavailable_reason()}")
+        lines.append(f"native module: none, every op runs on the reference backend "
+                     f"({native_unavailable_reason()})")
     else:
-        lines.append(f"build backend: {mod.build_backend()}  archs: {mod.build_archs()}")
+        lines.append(f"native module: {mod.build_backend()} backend, archs {mod.build_archs()}")
     lib, why = capabilities.gemm_library()
     lines.append(f"GEMM library: {lib} ({why})")
     cap = capabilities.native_device_capability()
-    if cap.backend == "reference":
-        lines.append(f"device: none -> reference backend ({cap.reason})")
+    if mod is None:
+        lines.append("device: not queried (no native module)")
+    elif cap.backend == "reference":
+        lines.append(f"device: none ({cap.reason.split('; ')[0]})")
     else:
         lines.append(f"device: {cap.device} ({cap.arch}) -> {cap.backend} backend")
     flavor = cap.fp8_flavor.upper() if cap.fp8_flavor else "none"
-    lines.append(f"FP8: flavour {flavor}, FP8 GEMM {'yes' if cap.fp8_gemm else 'no'} ({cap.reason})")
+    fp8_why = cap.reason.split("; ")[-1]
+    lines.append(f"FP8: flavour {flavor}, FP8 GEMM {'yes' if cap.fp8_gemm else 'no'} ({fp8_why})")
     lines.append(_attention_line(mod, cap))
     lines.extend(_framework_versions())
     return "\n".join(lines)
@@ -61,11 +79,20 @@ def _attention_line(mod, cap) -> str:
     return "fused attention: " + "; ".join(parts)
 
 
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Reports how transformer_engine was built and what it finds here: "
+        "the build backend and why it was chosen, the native module, GEMM library, device, FP8 "
+        "flavour, fused attention backends and the installed frameworks, one line per fact.")
+    ap.add_argument("command", nargs="?", default="info", choices=["info"],
+                    help="what to report (only 'info'; the default)")
+    return ap
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] not in ("info",):
-        print("usage: python -m transformer_engine info", file=sys.stderr)
-        return 2
+    prog = "te-info" if sys.argv and sys.argv[0].endswith("te-info") else "python -m transformer_engine"
+    _parser(prog).parse_args(argv)
     print(info())
     return 0
 

@@ -1,4 +1,4 @@
-"""GPT block step (issue 7): te.TransformerLayer against a plain-PyTorch block on the same weights.
+"""GPT block step: te.TransformerLayer against a plain-PyTorch block on the same weights.
 
 Shape: hidden 4096, 32 heads (d = 128), ffn 16384, seq 2048, batch 2, causal, sbhd, GELU, biases,
 no dropout. A step = forward + backward (input and parameter gradients). Contenders, in one run:

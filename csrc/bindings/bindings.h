@@ -23,7 +23,8 @@ void check_status(NVTEStatus status);
 inline NVTEStream stream_from_int(uintptr_t s) { return reinterpret_cast<NVTEStream>(s); }
 
 // Delayed-scaling groups given as a list of (history_ptr, scale_ptr, scale_inv_ptr, history_len,
-// num_tensors, fp8_max) tuples, and nvte_delayed_scaling_update on them (recipe.cpp).
+// num_tensors, fp8_max[, skipped_ptr]) tuples, and nvte_delayed_scaling_update on them
+// (recipe.cpp).
 std::vector<NVTEScalingGroup> scaling_groups_from_list(const py::list& groups);
 void delayed_scaling_update_from_list(const py::list& groups, int algo, float margin,
                                       NVTEStream stream);

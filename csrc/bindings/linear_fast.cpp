@@ -61,7 +61,7 @@ struct Scaling {
 
 // The constant groups of a call travel as one tuple each, made once in Python and read here
 // without pybind11's per-argument conversion (about 25 ns an argument on a fast host, several
-// times that on the slow lent ones; the FP8 calls had over 30 arguments):
+// times that on a slow, shared host; the FP8 calls had over 30 arguments):
 //   scaling: a recipe state's (history, scale, scale_inv, fp8_max, counter) of one direction
 //            (RecipeState._pointers in transformer_engine/pytorch/quantization.py)
 //   env:     the call's (workspace, workspace bytes, stream) (module/_fast.py, NativeCall.env)

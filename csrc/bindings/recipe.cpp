@@ -10,7 +10,8 @@ std::vector<NVTEScalingGroup> scaling_groups_from_list(const py::list& groups) {
   g.reserve(groups.size());
   for (const auto& item : groups) {
     const py::tuple t = item.cast<py::tuple>();
-    if (t.size() != 6) throw py::value_error("scaling group must have 6 items");
+    if (t.size() != 6 && t.size() != 7)
+      throw py::value_error("scaling group must have 6 or 7 items");
     NVTEScalingGroup s{};
     s.amax_history = reinterpret_cast<float*>(t[0].cast<uintptr_t>());
     s.scale = reinterpret_cast<float*>(t[1].cast<uintptr_t>());
@@ -18,6 +19,8 @@ std::vector<NVTEScalingGroup> scaling_groups_from_list(const py::list& groups) {
     s.history_len = t[3].cast<int64_t>();
     s.num_tensors = t[4].cast<int64_t>();
     s.fp8_max = t[5].cast<float>();
+    // optional: the int32 [num_tensors] counter of updates skipped for a non-finite amax
+    if (t.size() == 7) s.skipped = reinterpret_cast<int32_t*>(t[6].cast<uintptr_t>());
     g.push_back(s);
   }
   return g;
@@ -31,7 +34,8 @@ void delayed_scaling_update_from_list(const py::list& groups, int algo, float ma
 }
 
 void register_recipe(py::module_& m) {
-  // groups: list of (history_ptr, scale_ptr, scale_inv_ptr, history_len, num_tensors, fp8_max)
+  // groups: list of (history_ptr, scale_ptr, scale_inv_ptr, history_len, num_tensors, fp8_max
+  // [, skipped_ptr])
   m.def("delayed_scaling_update", [](const py::list& groups, int algo, float margin,
                                      uintptr_t stream) {
     delayed_scaling_update_from_list(groups, algo, margin, stream_from_int(stream));

@@ -136,6 +136,13 @@ void run_backend(NVTEAttnBackend backend, bool causal, const Dims& s = Dims(),
   DeviceBuffer<__half> dq_in(qh), dk_in(kh), dv_in(vh), ddo(doh), dout(nq), ddq(nq), ddk(nk),
       ddv(nk);
   DeviceBuffer<float> dlse(size_t(s.b * s.hq * s.sq));
+  // Outputs and workspace start as finite garbage (0x55 bytes: 85.3 in fp16, 1.5e13 in fp32),
+  // not as memory nothing wrote: an output element a backend forgets fails the comparisons
+  // below, and compute-sanitizer's initcheck finds no read of unwritten memory (left unwritten,
+  // it reported reads inside cuDNN's backward, in its dO . O row-sum kernel
+  // compute_dot_do_o_specialized, of bytes the test had not written; filled, none).
+  for (DeviceBuffer<__half>* out : {&dout, &ddq, &ddk, &ddv}) out->fill_bytes(0x55);
+  dlse.fill_bytes(0x55);
   NVTETensor tq = desc(dq_in.ptr, {s.b, s.sq, s.hq, s.d}, kNVTEFloat16);
   NVTETensor tk = desc(dk_in.ptr, {s.b, s.skv, s.hkv, s.d}, kNVTEFloat16);
   NVTETensor tv = desc(dv_in.ptr, {s.b, s.skv, s.hkv, s.d}, kNVTEFloat16);
@@ -151,6 +158,7 @@ void run_backend(NVTEAttnBackend backend, bool causal, const Dims& s = Dims(),
   TE_EXPECT(nvte_attention_workspace_size(backend, &p, true, 0, &ws_bwd) == kNVTESuccess, "%s",
             nvte_last_error_message());
   DeviceBuffer<uint8_t> ws(std::max(ws_fwd, ws_bwd) + 1);
+  ws.fill_bytes(0x55);
   st = nvte_attention_forward(backend, &p, &tq, &tk, &tv, &to, &tl, nullptr, nullptr, ws.ptr,
                               ws.n, nullptr);
   TE_EXPECT(st == kNVTESuccess, "forward: %s", nvte_last_error_message());

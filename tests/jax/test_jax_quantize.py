@@ -47,11 +47,19 @@ def test_delayed_scaling_matches_torch_reference(algo, margin):
     hist = np.abs(rng.standard_normal((16, 6)).astype(np.float32)) * 30
     hist[:, 0] = 0.0
     hist[0, 1] = np.inf
+    hist[0, 4] = np.nan  # a bad step: skipped by both, counted
     scale = (rng.random(6).astype(np.float32) + 0.5)
-    update = jax.jit(lambda h, s: jops.delayed_scaling_update(h, s, 448.0, algo, margin))
-    nh, ns, nsi = update(jax.device_put(hist, CPU), jax.device_put(scale, CPU))
+    skipped = np.arange(6, dtype=np.int32)
+    update = jax.jit(lambda h, s, k: jops.delayed_scaling_update(h, s, 448.0, algo, margin, k))
+    nh, ns, nsi, nk = update(jax.device_put(hist, CPU), jax.device_put(scale, CPU),
+                             jax.device_put(skipped, CPU))
     th, ts, tsi = torch.from_numpy(hist.copy()), torch.from_numpy(scale.copy()), torch.empty(6)
-    tops.delayed_scaling_update_reference(th, ts, tsi, 448.0, algo, margin)
+    tk = torch.from_numpy(skipped.copy())
+    tops.delayed_scaling_update_reference(th, ts, tsi, 448.0, algo, margin, tk)
+    assert np.array_equal(np.asarray(nk), tk.numpy())
+    assert np.asarray(nk).tolist() == [0, 2, 2, 3, 5, 5]
+    assert np.isfinite(np.asarray(nh)).all() and ns[4] == scale[4]
+    assert np.array_equal(np.asarray(nh[1:, 4]), hist[1:, 4])  # not rolled
     assert np.array_equal(np.asarray(nh), th.numpy())
     assert np.array_equal(np.asarray(ns), ts.numpy())
     assert np.array_equal(np.asarray(nsi), tsi.numpy())

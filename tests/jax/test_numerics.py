@@ -39,11 +39,16 @@ def test_quantize_and_cast_transpose_bitwise(dtype, fp8, shape):
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 def test_delayed_scaling_update(algo):
     hist = jnp.abs(rand((5, 7), "float32", 2, 3.0)).at[:, 3].set(0.0)
+    hist = hist.at[0, 5].set(jnp.nan).at[0, 6].set(-jnp.inf)  # bad steps: skipped and counted
     scale = jnp.abs(rand((7,), "float32", 3)) + 0.5
-    got = jax.jit(lambda h, s: pcast.delayed_scaling_update(h, s, 448.0, algo, 1.0))(hist, scale)
-    want = on_cpu(kernels.delayed_scaling_update, hist, scale, 448.0, algo, 1.0)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+    skipped = jnp.zeros((7,), jnp.int32)
+    got = jax.jit(lambda h, s, k: pcast.delayed_scaling_update(h, s, 448.0, algo, 1.0, k))(
+        hist, scale, skipped)
+    want = on_cpu(kernels.delayed_scaling_update, hist, scale, 448.0, algo, 1.0, skipped)
+    for g, w in zip(got, want):  # the custom call and the jnp reference: the same bits
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert np.asarray(got[3]).tolist() == [0, 0, 0, 0, 0, 1, 1]
+    assert np.isfinite(np.asarray(got[0])).all()
 
 
 @pytest.mark.parametrize("dtype", HP)

@@ -24,10 +24,11 @@ from transformer_engine.pytorch.kernels import attention_packed
 from utils import native_gpu_reason, randn, tols
 
 HAS_GPU = not native_gpu_reason()
-SWITCHES = ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN", "NVTE_UNFUSED_ATTN")
-FORCE = {"cudnn": {"NVTE_FUSED_ATTN": "1", "NVTE_FLASH_ATTN": "0", "NVTE_UNFUSED_ATTN": "0"},
-         "portable": {"NVTE_FUSED_ATTN": "0", "NVTE_FLASH_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"},
-         "unfused": {"NVTE_FUSED_ATTN": "0", "NVTE_FLASH_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}}
+SWITCHES = ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_SDPA_ATTN")
+FORCE = {name: {var: "1" if owner == name else "0"
+                for owner, var in (("cudnn", "NVTE_FUSED_ATTN"), ("portable", "NVTE_FLASH_ATTN"),
+                                   ("unfused", "NVTE_UNFUSED_ATTN"), ("sdpa", "NVTE_SDPA_ATTN"))}
+         for name in ("cudnn", "portable", "unfused", "sdpa")}
 
 
 @pytest.fixture(autouse=True)
@@ -156,9 +157,10 @@ _GPU_MARK = pytest.mark.skipif(not HAS_GPU, reason=native_gpu_reason() or "ok")
 
 
 def _backend_params():
-    """CPU: the unfused backend (the only one there). GPU: every backend over the GPU case list."""
-    params = [pytest.param("unfused", "cpu", c, id=f"unfused-cpu-{c}") for c in _cases("cpu")]
-    for backend in ("unfused", "portable", "cudnn"):
+    """CPU: unfused and sdpa (PyTorch's CPU kernels). GPU: every backend over the GPU case list."""
+    params = [pytest.param(b, "cpu", c, id=f"{b}-cpu-{c}") for b in ("unfused", "sdpa")
+              for c in _cases("cpu")]
+    for backend in ("unfused", "sdpa", "portable", "cudnn"):
         params += [pytest.param(backend, "cuda", c, id=f"{backend}-cuda-{c}", marks=_GPU_MARK)
                    for c in _cases("cuda")]
     return params
@@ -171,6 +173,8 @@ def test_backend_matches_reference(backend, device, case, monkeypatch):
     report, out, ref, got, want = _run_and_reference(case, device, backend, monkeypatch)
     if backend == "unfused":
         assert report.chosen == "unfused"
+    elif backend == "sdpa":  # everything but packed sequences (thd needs a copy per sequence)
+        assert report.chosen == ("unfused" if case.fmt == "thd" else "sdpa"), str(report)
     else:
         ok, why = _native_support(backend, case, device)
         assert report.chosen == (backend if ok else "unfused"), (why, str(report))
@@ -225,30 +229,46 @@ def test_cpu_chooses_unfused_with_reasons():
     assert "unfused" in str(report)
 
 
-def test_preference_order_nvidia_and_amd(fake_gpu):
+def test_preference_order_nvidia_and_amd(fake_gpu, monkeypatch):
     fake_gpu(("cudnn", "portable"), "cuda")
     assert bs.get_attention_backend(_cfg("cuda")).chosen == "cudnn"
     fake_gpu(("portable",), "cuda")
+    # cuDNN declines: SDPA where it needs no dense mask (top-left causal), portable where it would
     report = bs.get_attention_backend(_cfg("cuda"))
-    assert report.chosen == "portable" and report.reasons("cudnn") == ("fake cudnn kernel declines",)
-    fake_gpu(("cudnn", "portable"), "rocm")   # AMD: the portable kernel first
+    assert report.chosen == "sdpa" and report.reasons("cudnn") == ("fake cudnn kernel declines",)
+    assert report.order == ("cudnn", "sdpa", "portable", "unfused")
+    report = bs.get_attention_backend(_cfg("cuda", mask_type="padding_causal"))
+    assert report.chosen == "portable" and report.order == ("cudnn", "portable", "sdpa", "unfused")
+    monkeypatch.setenv("NVTE_SDPA_ATTN", "0")
+    assert bs.get_attention_backend(_cfg("cuda")).chosen == "portable"
+    monkeypatch.delenv("NVTE_SDPA_ATTN")
+    fake_gpu(("cudnn", "portable"), "rocm")   # AMD: SDPA first, never cuDNN or the FMA kernel
+    report = bs.get_attention_backend(_cfg("cuda"))
+    assert report.chosen == "sdpa" and "NVTE_FLASH_ATTN=1" in report.reasons("portable")[0]
+    assert report.reasons("cudnn")
+    monkeypatch.setenv("NVTE_SDPA_ATTN", "0")
+    assert bs.get_attention_backend(_cfg("cuda")).chosen == "unfused"
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")   # the explicit request reaches the FMA kernel
     assert bs.get_attention_backend(_cfg("cuda")).chosen == "portable"
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(mask_type="arbitrary"), "arbitrary"),
-    (dict(has_bias=True), "bias"),
+@pytest.mark.parametrize("kw,needle,chosen", [
+    (dict(mask_type="arbitrary"), "arbitrary", "sdpa"),   # SDPA takes the mask tensor
+    (dict(has_bias=True), "bias", "unfused"),
 ])
-def test_frontend_rules_send_to_unfused(fake_gpu, kw, needle):
+def test_frontend_rules_send_to_unfused(fake_gpu, kw, needle, chosen):
     fake_gpu()
     report = bs.get_attention_backend(_cfg("cuda", **kw))
-    assert report.chosen == "unfused"
+    assert report.chosen == chosen, str(report)
     assert needle in report.reasons("cudnn")[0] and needle in report.reasons("portable")[0]
+    if chosen == "unfused":
+        assert needle in report.reasons("sdpa")[0]
 
 
 @pytest.mark.parametrize("var,backend,next_choice", [
-    ("NVTE_FUSED_ATTN", "cudnn", "portable"),
+    ("NVTE_FUSED_ATTN", "cudnn", "sdpa"),
     ("NVTE_FLASH_ATTN", "portable", "cudnn"),
+    ("NVTE_SDPA_ATTN", "sdpa", "cudnn"),
 ])
 def test_env_switches(fake_gpu, monkeypatch, var, backend, next_choice):
     fake_gpu()
@@ -262,6 +282,8 @@ def test_env_switches(fake_gpu, monkeypatch, var, backend, next_choice):
 
 def test_unfused_switch_never_leaves_no_backend(fake_gpu, monkeypatch):
     monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
+    assert bs.get_attention_backend(_cfg("cpu")).chosen == "sdpa"    # SDPA's CPU kernels
+    monkeypatch.setenv("NVTE_SDPA_ATTN", "0")
     report = bs.get_attention_backend(_cfg("cpu"))        # real rules: CPU has no native kernel
     assert report.chosen == "unfused" and "NVTE_UNFUSED_ATTN=0 overridden" in report.note
     fake_gpu()
@@ -308,8 +330,11 @@ def test_gpu_picks_first_supported_backend():
                dict(qkv_format="thd", mask_type="padding_causal"), dict(window_size=(64, 0))):
         cfg = _cfg("cuda", **kw)
         report = bs.get_attention_backend(cfg)
-        order = bs.PREFERENCE["rocm" if torch.version.hip else "cuda"]
-        expected = next(b for b in order if b == "unfused" or attn_ops.native_attention_support(b, cfg)[0])
+        order = bs.sel.preference("rocm" if torch.version.hip else "cuda", cfg)
+        assert report.order == order
+        expected = next(b for b in order if b == "unfused" or (b == "sdpa" and report.accepted(b))
+                        or (b != "sdpa" and report.accepted(b)
+                            and attn_ops.native_attention_support(b, cfg)[0]))
         assert report.chosen == expected, str(report)
 
 

@@ -152,7 +152,8 @@ def ref_layer(layer, x, cfg, encoder_output=None, pad_mask=None):
         ip = _params(layer, "inter_attention.")
         lnq = ref_norm(h, ip["layernorm_query.layer_norm_weight"], ip.get("layernorm_query.layer_norm_bias"),
                        cfg.eps, cfg.norm, cfg.zero_centered)
-        qx = ref_linear(lnq, ip["layernorm_query.weight"], ip.get("layernorm_query.bias"))
+        # NVIDIA TE's names: the query projection is a one-way split ("query_") unless fused
+        qx = ref_linear(lnq, ip["layernorm_query.query_weight"], ip.get("layernorm_query.query_bias"))
         kx = ref_linear(encoder_output, ip["key_value.key_weight"], ip.get("key_value.key_bias"))
         vx = ref_linear(encoder_output, ip["key_value.value_weight"], ip.get("key_value.value_bias"))
         cx = ref_attention(qx, kx, vx, cfg.heads, cfg.groups, d, "no_mask")
@@ -374,7 +375,7 @@ def test_mha_cross_attention_return_bias_and_ln_output(device, dtype):
     p = dict(mha.named_parameters())
     ln = ref_norm(x, p["layernorm_query.layer_norm_weight"], p["layernorm_query.layer_norm_bias"],
                   1e-5, "LayerNorm", False)
-    q = ref_linear(ln, p["layernorm_query.weight"], p["layernorm_query.bias"])
+    q = ref_linear(ln, p["layernorm_query.query_weight"], p["layernorm_query.query_bias"])
     k = ref_linear(enc, p["key_value.key_weight"], p["key_value.key_bias"])
     v = ref_linear(enc, p["key_value.value_weight"], p["key_value.value_bias"])
     ctx = ref_attention(q, k, v, HEADS, 2, HIDDEN // HEADS, "no_mask")

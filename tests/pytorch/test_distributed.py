@@ -126,7 +126,7 @@ def test_tracker_fork_restores_on_exception():
 def test_collectives_are_identity_without_group():
     x = randn((6, 5), torch.float32, "cpu", seed=1).requires_grad_()
     for fn in (ted.copy_to_tensor_parallel_region, ted.reduce_from_tensor_parallel_region,
-               ted.gather_along_first_dim, ted.reduce_scatter_along_first_dim):
+               ted.gather_from_sequence_parallel_region, ted.reduce_scatter_to_sequence_parallel_region):
         assert fn(x, None) is x
     assert ted.get_distributed_world_size(None) == 1 and ted.get_distributed_rank(None) == 0
     with pytest.raises(ValueError, match="not divisible by the tensor-parallel size 4"):
@@ -199,7 +199,7 @@ def _body_collectives(rank, world, group):
 
     # gather along dim 0: forward all-gather, backward reduce-scatter
     x = xs[rank].clone().requires_grad_()
-    y = ted.gather_along_first_dim(x, group)
+    y = ted.gather_from_sequence_parallel_region(x, group)
     assert torch.equal(y, torch.cat(xs))
     big = [randn((4 * world, 3), torch.float64, "cpu", seed=30 + r) for r in range(world)]
     y.backward(big[rank])
@@ -207,14 +207,24 @@ def _body_collectives(rank, world, group):
 
     # reduce-scatter along dim 0: forward reduce-scatter, backward all-gather
     x = big[rank].clone().requires_grad_()
-    y = ted.reduce_scatter_along_first_dim(x, group)
+    y = ted.reduce_scatter_to_sequence_parallel_region(x, group)
     torch.testing.assert_close(y, sum(big).chunk(world)[rank], rtol=0, atol=1e-12)
     y.backward(gs[rank])
     assert torch.equal(x.grad, torch.cat(gs))
 
+    # NVIDIA TE's raw collectives: (output, handle), no autograd; async handles wait()
+    y2, handle = ted.gather_along_first_dim(xs[rank], group)
+    assert handle is None and torch.equal(y2, torch.cat(xs))
+    y2, handle = ted.gather_along_first_dim(xs[rank], group, async_op=True)
+    if handle is not None:
+        handle.wait()
+    assert torch.equal(y2, torch.cat(xs))
+    y3, handle = ted.reduce_scatter_along_first_dim(big[rank], group)
+    torch.testing.assert_close(y3, sum(big).chunk(world)[rank], rtol=0, atol=1e-12)
+
     # an odd first dim cannot be scattered: clear error, on every rank (no hang)
     try:
-        ted.reduce_scatter_along_first_dim(randn((5, 3), torch.float32, "cpu"), group)
+        ted.reduce_scatter_to_sequence_parallel_region(randn((5, 3), torch.float32, "cpu"), group)
     except ValueError as exc:
         assert "not divisible by the group size 2" in str(exc)
     else:
@@ -301,7 +311,11 @@ def _body_parallel_layernorm_mlp(rank, world, group):
     dtype = torch.float32
     ref = te.LayerNormMLP(hidden, ffn, activation="swiglu", params_dtype=dtype, device="cpu")
     with torch.no_grad():
-        for i, p in enumerate(ref.parameters()):
+        # a seed per parameter name: the values do not depend on the registration order
+        seeds = {"layer_norm_weight": 0, "layer_norm_bias": 1, "fc1_weight": 2, "fc2_weight": 3,
+                 "fc1_bias": 4, "fc2_bias": 5}
+        for n, p in ref.named_parameters():
+            i = seeds[n]
             p.copy_(randn(p.shape, dtype, "cpu", seed=200 + i, scale=0.3) + (1 if p.dim() == 1 and i == 0 else 0))
     x = randn((tokens, hidden), dtype, "cpu", seed=5)
     dy = randn((tokens, hidden), dtype, "cpu", seed=6)

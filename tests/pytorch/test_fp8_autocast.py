@@ -111,15 +111,17 @@ def test_fp8_needs_multiples_of_16(device):
 
 def test_fp8_on_gpu_without_fp8_raises(monkeypatch):
     dev = torch.device("cuda", 7)
-    monkeypatch.setitem(quantization._SUPPORT_CACHE, 7, (False, "NVIDIA A100 (sm_80) lacks FP8 GEMM support"))
+    from transformer_engine.pytorch import fp8_support
+    monkeypatch.setitem(fp8_support._SUPPORT_CACHE, 7, (False, "NVIDIA A100 (sm_80) lacks FP8 GEMM support"))
     with pytest.raises(NotImplementedError, match="Linear: FP8 autocast is enabled but NVIDIA A100 .*lacks FP8"):
-        quantization.check_fp8_support(dev, "Linear")
+        quantization.require_fp8_support(dev, "Linear")
 
 
 def test_is_fp8_available_and_recipe_checks():
-    ok, why = te.is_fp8_available()
+    ok, why = te.is_fp8_available(return_reason=True)
     assert isinstance(ok, bool) and isinstance(why, str) and (ok or why)
-    assert te.is_fp8_available("cpu")[0]
+    assert te.is_fp8_available() is ok  # a plain bool without return_reason
+    assert te.is_fp8_available(device="cpu") is True
     with pytest.raises(NotImplementedError, match="scaling_factor_compute_algo"):
         with te.autocast(recipe=recipe.DelayedScaling(scaling_factor_compute_algo=lambda *a: a[1])):
             pass

@@ -119,12 +119,19 @@ def test_transpose(device, dtype, shape):
 # ----- delayed scaling -----------------------------------------------------------------------
 
 def python_model_update(history, scale, fp8_max, algo, margin):
-    """Scalar Python model of the recipe maths (independent of both implementations)."""
+    """Scalar Python model of the recipe maths (independent of both implementations). Returns
+    (history, scale, skipped): a tensor whose current amax (row 0) is not finite is skipped."""
     L, n = len(history), len(history[0])
     new_hist = [[0.0] * n for _ in range(L)]
     new_scale = list(scale)
+    skipped = [0] * n
     for j in range(n):
         col = [history[l][j] for l in range(L)]
+        if not math.isfinite(col[0]):
+            skipped[j] = 1
+            for l in range(1, L):
+                new_hist[l][j] = col[l]
+            continue
         amax = col[0] if algo == "most_recent" else (float("nan") if any(math.isnan(v) for v in col) else max(col))
         for l in range(L):
             new_hist[l][j] = col[(l + 1) % L]
@@ -134,7 +141,7 @@ def python_model_update(history, scale, fp8_max, algo, margin):
             cand = (cand / torch.tensor(2.0 ** margin, dtype=torch.float32)).item()
             if math.isfinite(cand):
                 new_scale[j] = cand
-    return new_hist, new_scale
+    return new_hist, new_scale, skipped
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -147,14 +154,18 @@ def test_delayed_scaling_update(device, algo, margin, history_len):
         hist = randn((history_len, n), torch.float32, "cpu", seed=g + history_len, scale=20.0).abs()
         hist[:, 0] = 0.0  # amax 0: scale kept
         if n > 1:
-            hist[0, 1] = float("inf")  # non-finite amax: scale kept
+            hist[0, 1] = float("inf")  # non-finite current amax: skipped, scale kept
+        if n > 3:
+            hist[0, 3] = float("nan")  # a NaN step: skipped, never enters the history
         if n > 2:
             hist[-1, 2] = 1e-42  # tiny amax: fp8_max / amax overflows for 'max' when it's the max
         scale = torch.rand(n, generator=torch.Generator().manual_seed(g)) + 0.5
         expected.append(python_model_update(hist.tolist(), scale.tolist(), fp8_max, algo, margin))
-        groups.append((hist.to(device), scale.to(device), torch.empty(n, device=device), fp8_max))
+        skipped = torch.full((n,), 2, dtype=torch.int32, device=device)
+        groups.append((hist.to(device), scale.to(device), torch.empty(n, device=device), fp8_max, skipped))
     kernels.delayed_scaling_update(groups, algo=algo, margin=margin)
-    for (hist, scale, scale_inv, _), (want_hist, want_scale) in zip(groups, expected):
+    for (hist, scale, scale_inv, _, skipped), (want_hist, want_scale, want_skipped) in zip(groups, expected):
+        assert torch.equal(skipped.cpu(), 2 + torch.tensor(want_skipped, dtype=torch.int32))
         assert torch.equal(hist.cpu(), torch.tensor(want_hist, dtype=torch.float32))
         assert torch.equal(scale.cpu(), torch.tensor(want_scale, dtype=torch.float32))
         assert torch.equal(scale_inv.cpu(), 1.0 / torch.tensor(want_scale, dtype=torch.float32))

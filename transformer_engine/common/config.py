@@ -29,9 +29,16 @@ def use_hipblaslt(build_default: bool) -> tuple:
 # ----- attention (transformer_engine/pytorch/attention) ------------------------------------------
 # Which of our backends each switch governs: NVTE_FUSED_ATTN = the vendor-fused kernel ('cudnn' on
 # NVIDIA), NVTE_FLASH_ATTN = our portable flash-style kernel ('portable', the AMD backend),
-# NVTE_UNFUSED_ATTN = framework ops + fused masked softmax ('unfused'). All default to 1 (allowed).
+# NVTE_UNFUSED_ATTN = framework ops + fused masked softmax ('unfused'), NVTE_SDPA_ATTN = the
+# framework's own fused attention ('sdpa': torch SDPA, jax.nn.dot_product_attention). All default
+# to 1 (allowed). On AMD the portable kernel runs only when NVTE_FLASH_ATTN=1 is set explicitly.
 ATTENTION_BACKEND_SWITCHES = {"cudnn": "NVTE_FUSED_ATTN", "portable": "NVTE_FLASH_ATTN",
-                              "unfused": "NVTE_UNFUSED_ATTN"}
+                              "unfused": "NVTE_UNFUSED_ATTN", "sdpa": "NVTE_SDPA_ATTN"}
+
+
+def attention_backend_requested(backend: str) -> bool:
+    """Whether the backend's NVTE_*_ATTN switch is set to 1 explicitly (unset is not a request)."""
+    return bool(_flag(ATTENTION_BACKEND_SWITCHES[backend], False))
 
 
 def attention_backend_allowed(backend: str) -> tuple:
@@ -62,7 +69,7 @@ def debug_level() -> int:
 
 
 JAX_CUSTOM_CALLS = ("quantize", "cast_transpose", "layernorm", "rmsnorm", "activation",
-                    "softmax", "gemm", "delayed_scaling")
+                    "softmax", "gemm", "delayed_scaling", "attention")
 
 
 def jax_custom_call_enabled(name: str) -> bool:

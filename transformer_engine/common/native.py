@@ -10,7 +10,29 @@ def _load():
     try:
         return importlib.import_module("transformer_engine._native"), ""
     except ImportError as exc:
-        return None, f"native module not importable ({exc}); pip install built the reference backend only"
+        return None, _why_not_native(exc)
+
+
+def build_summary() -> dict | None:
+    """What the install recorded about its build (backend, reason, archs, warnings: written by
+    setup.py as build_info.json), or None when running from a source tree."""
+    import json
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _why_not_native(exc: ImportError) -> str:
+    summary = build_summary()
+    if summary is not None and summary.get("backend") == "none":
+        return f"this install has no native backend ({summary.get('reason', 'no reason recorded')})"
+    if summary is None and getattr(exc, "name", None) == "transformer_engine._native":
+        return "no native module (a source tree without a native build)"
+    return f"the native module failed to import: {exc}"
 
 
 def native_module():

@@ -6,7 +6,10 @@ A recipe says how tensors are scaled into FP8. Format maxima come from the devic
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import functools
+import warnings
 from typing import Callable, Optional, Union
 
 from . import fp8_formats
@@ -40,49 +43,181 @@ def _current_flavor() -> str:
 
 
 class Format(enum.Enum):
-    """E4M3 everywhere, E5M2 everywhere, or HYBRID: E4M3 forward and E5M2 for gradients."""
+    """The FP8 formats a recipe uses for forward and backward tensors.
+
+    ``E4M3``: E4M3 everywhere (more precision, max 448, or 240 on AMD gfx942). ``E5M2``: E5M2
+    everywhere (more range, max 57344). ``HYBRID``: E4M3 for activations and weights, E5M2 for
+    gradients, the usual choice for training. Each member's value has ``fwd`` and ``bwd`` format
+    names and ``max_fwd``/``max_bwd`` for the current device.
+    """
     E4M3 = _FormatHelper(fwd=fp8_formats.E4M3, bwd=fp8_formats.E4M3)
     E5M2 = _FormatHelper(fwd=fp8_formats.E5M2, bwd=fp8_formats.E5M2)
     HYBRID = _FormatHelper(fwd=fp8_formats.E4M3, bwd=fp8_formats.E5M2)
+    # FP4 (NVFP4BlockScaling); no device of this library runs it (see NVFP4BlockScaling)
+    E2M1 = _FormatHelper(fwd="e2m1", bwd="e2m1")
 
 
 class Recipe:
-    """Base class; the predicates let callers branch on the recipe family."""
+    """Base class of the FP8 recipes; its predicates let callers branch on the recipe family."""
 
     def delayed(self) -> bool:
+        """Whether this recipe is delayed scaling.
+
+        Returns
+        -------
+        bool
+            True for :class:`DelayedScaling`.
+        """
         return isinstance(self, DelayedScaling)
 
     def float8_current_scaling(self) -> bool:
+        """Whether this recipe is per-tensor current scaling.
+
+        Returns
+        -------
+        bool
+            True for :class:`Float8CurrentScaling`.
+        """
         return isinstance(self, Float8CurrentScaling)
 
     def float8_per_tensor_scaling(self) -> bool:
+        """Whether this recipe scales each tensor with one factor.
+
+        Returns
+        -------
+        bool
+            True for delayed and current scaling.
+        """
         return self.delayed() or self.float8_current_scaling()
 
     def mxfp8(self) -> bool:
-        return False
+        """Whether this recipe is MXFP8 block scaling."""
+        return isinstance(self, MXFP8BlockScaling)
 
     def float8_block_scaling(self) -> bool:
-        return False
+        """Whether this recipe is FP8 block scaling (1x128 / 128x128 blocks)."""
+        return isinstance(self, Float8BlockScaling)
 
     def nvfp4(self) -> bool:
+        """Whether this recipe is NVFP4."""
+        return isinstance(self, NVFP4BlockScaling)
+
+    def custom(self) -> bool:
         return False
+
+
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """GEMM options of one of a recipe's GEMMs (fprop, dgrad, wgrad)."""
+    use_split_accumulator: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """Quantization options of one of a recipe's tensor kinds."""
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
+
+
+# Fields that older NVIDIA Transformer Engine releases had and that clients still pass; they are
+# accepted with a DeprecationWarning and have no effect (as in NVIDIA TE 2.x, which drops them).
+_LEGACY_FIELDS = {
+    "override_linear_precision": "high-precision overrides of single GEMMs were removed",
+    "interval": "scales are updated after every step",
+}
+
+
+def _accepts_legacy_fields(cls):
+    """Wraps a recipe dataclass's __init__ the way NVIDIA TE's recipes (dataclasses that ignore
+    unknown fields) behave for clients, minus the silence: a keyword that is no field of the
+    recipe is dropped with a DeprecationWarning naming it (legacy fields, above, and extras that
+    clients pass along, such as Megatron-Core's params_dtype and device), unless it looks like a
+    misspelling of a current field, which raises TypeError naming both."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        fields = [f for f in self.__dataclass_fields__ if not f.startswith("_")]
+        for k in sorted(k for k in kwargs if k not in fields):
+            close = difflib.get_close_matches(k, fields, n=1, cutoff=0.8)
+            if close and k not in _LEGACY_FIELDS:
+                raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument "
+                                f"{k!r}; did you mean {close[0]!r}?")
+            value = kwargs.pop(k)
+            why = _LEGACY_FIELDS.get(k, "it is no field of this recipe")
+            warnings.warn(f"{cls.__name__}: '{k}' is ignored ({why}); got {k}={value!r}",
+                          DeprecationWarning, stacklevel=2)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+_BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+
+
+def _check_common(recipe, name: str) -> None:
+    """Checks of the fields every recipe has: FP8 attention and the backward override are not
+    implemented, so only their off values are accepted."""
+    if not isinstance(recipe.fp8_format, Format):
+        raise TypeError(f"{name}: fp8_format must be a recipe.Format, got {recipe.fp8_format!r}")
+    for field in ("fp8_dpa", "fp8_mha"):
+        if getattr(recipe, field):
+            raise NotImplementedError(f"{name}: {field}=True (FP8 attention) is not implemented; "
+                                      f"use {field}=False")
+    if recipe.backward_override not in _BACKWARD_OVERRIDES:
+        raise ValueError(f"{name}: backward_override={recipe.backward_override!r}; expected one of "
+                         f"{_BACKWARD_OVERRIDES}")
+    if recipe.backward_override is not None:
+        raise NotImplementedError(f"{name}: backward_override={recipe.backward_override!r} is not "
+                                  "implemented; only None (FP8 backward GEMMs) is")
 
 
 _AMAX_ALGOS = ("max", "most_recent")
 
 
+@_accepts_legacy_fields
 @dataclasses.dataclass()
 class DelayedScaling(Recipe):
-    """Per-tensor scaling from a history of amax values of earlier steps.
+    """Per-tensor FP8 scaling from the amax history of earlier steps.
 
-    After each step, for every FP8 tensor: amax = reduce(history) (amax_compute_algo: 'max',
-    'most_recent', or a callable taking the [len, n] history), then
-    scale = (fp8_max / amax) / 2**margin, keeping the old scale where amax is 0 or not finite
-    (or where scaling_factor_compute_algo, a callable (amax, scale, fp8_max, recipe) -> scale,
-    says otherwise). With reduce_amax, amaxes are reduced over the autocast's group first.
+    Each FP8 tensor of a module keeps a history of its absolute maxima (amax). A step casts with
+    the current scale and records its amax; after the step, on the device,
+    ``amax = reduce(history)`` and ``scale = fp8_max / amax / 2**margin``. Where amax is zero or
+    not finite the previous scale is kept. Supported by the PyTorch and JAX frontends on every
+    backend (NVIDIA sm_89+, AMD gfx942/gfx950, emulated on the CPU).
+
+    Parameters
+    ----------
+    margin : int, default 0
+        Extra headroom: the scale is divided by ``2 ** margin``; must be >= 0.
+    interval : int, default 1
+        Deprecated; only 1 (update after every step) is accepted.
+    fp8_format : Format, default Format.HYBRID
+        The FP8 formats: ``Format.HYBRID`` (E4M3 for activations and weights, E5M2 for gradients),
+        ``Format.E4M3`` (everywhere) or ``Format.E5M2``. The maxima follow the device: E4M3 448 on
+        NVIDIA, AMD gfx950 and the CPU (OCP), 240 on AMD gfx942 (FNUZ).
+    amax_history_len : int, default 1024
+        Number of steps of amax history kept per tensor (>= 1).
+    amax_compute_algo : {'max', 'most_recent'} or callable, default 'max'
+        How the history is reduced to one amax: its maximum, the latest value, or a callable taking
+        the ``[history_len, n]`` history tensor and returning ``[n]``.
+    scaling_factor_compute_algo : callable, optional
+        A custom scale computation ``(amax, scale, fp8_max, recipe) -> scale``. Not supported by
+        the modules (they raise NotImplementedError); ``None`` uses the formula above.
+    reduce_amax : bool, default True
+        In distributed training, reduce the amaxes (maximum) over the autocast's amax reduction
+        group before the update, so that all ranks use the same scales.
+    fp8_dpa : bool, default False
+        FP8 attention (the attention's own GEMMs in FP8) is not implemented: only False is
+        accepted; the attention's GEMMs run in the activation dtype.
+    fp8_mha : bool, default False
+        As ``fp8_dpa``: only False is accepted.
     """
     margin: int = 0
-    interval: int = 1
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
     amax_compute_algo: Union[str, Callable] = "max"
@@ -90,56 +225,109 @@ class DelayedScaling(Recipe):
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
     def __post_init__(self):
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"DelayedScaling: fp8_format must be a recipe.Format, got {self.fp8_format!r}")
+        _check_common(self, "DelayedScaling")
         if isinstance(self.amax_compute_algo, str) and self.amax_compute_algo not in _AMAX_ALGOS:
             raise ValueError(f"DelayedScaling: amax_compute_algo={self.amax_compute_algo!r}; "
                              f"expected 'max', 'most_recent' or a callable")
         if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
             raise ValueError(f"DelayedScaling: amax_history_len={self.amax_history_len!r}; expected an int >= 1")
-        if self.interval != 1:
-            raise ValueError("DelayedScaling: interval is deprecated and only 1 is supported")
         if self.margin < 0:
             raise ValueError(f"DelayedScaling: margin={self.margin}; expected >= 0")
 
     def __repr__(self) -> str:
         return (f"recipe_type={type(self).__name__}, margin={self.margin}, "
                 f"format={self.fp8_format.name}, amax_history_len={self.amax_history_len}, "
-                f"amax_compute_algo={self.amax_compute_algo}, reduce_amax={self.reduce_amax}")
+                f"amax_compute_algo={self.amax_compute_algo}, reduce_amax={self.reduce_amax}, "
+                f"fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}")
 
 
+@_accepts_legacy_fields
 @dataclasses.dataclass()
 class Float8CurrentScaling(Recipe):
-    """Per-tensor scaling from the tensor's own amax, computed just before each cast:
-    scale = fp8_max / amax (a power of two below it when use_power_2_scales)."""
-    fp8_format: Format = Format.HYBRID
+    """Per-tensor FP8 scaling from each tensor's own amax, computed just before its cast.
+
+    ``scale = fp8_max / amax(tensor)``; no state is kept between steps, which makes it suited to
+    ``torch.compile`` and to tensors whose range changes quickly. Supported by the PyTorch and JAX
+    frontends on every backend.
+
+    Parameters
+    ----------
+    fp8_format : Format, default Format.HYBRID
+        The FP8 formats: ``Format.HYBRID`` (E4M3 for activations and weights, E5M2 for gradients),
+        ``Format.E4M3`` (everywhere) or ``Format.E5M2``. The maxima follow the device: E4M3 448 on
+        NVIDIA, AMD gfx950 and the CPU (OCP), 240 on AMD gfx942 (FNUZ).
+    use_power_2_scales : bool, default False
+        Round each scale down to a power of two, so that scaling is exact in binary.
+    fp8_dpa : bool, default False
+        FP8 attention (the attention's own GEMMs in FP8) is not implemented: only False is
+        accepted; the attention's GEMMs run in the activation dtype.
+    fp8_mha : bool, default False
+        As ``fp8_dpa``: only False is accepted.
+    """
     use_power_2_scales: bool = False
+    fp8_format: Format = Format.HYBRID
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=False)
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
     def __post_init__(self):
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"Float8CurrentScaling: fp8_format must be a recipe.Format, got {self.fp8_format!r}")
+        _check_common(self, "Float8CurrentScaling")
+        want = {"fp8_gemm_fprop": False, "fp8_gemm_dgrad": True, "fp8_gemm_wgrad": True}
+        for field, split in want.items():
+            mm = getattr(self, field)
+            if not isinstance(mm, MMParams) or mm.use_split_accumulator != split:
+                raise NotImplementedError(
+                    f"Float8CurrentScaling: {field}={mm!r} is not implemented; the modules run "
+                    f"this GEMM with use_split_accumulator={split}")
 
     def __repr__(self) -> str:
-        return f"recipe_type={type(self).__name__}, format={self.fp8_format.name}"
+        return (f"recipe_type={type(self).__name__}, format={self.fp8_format.name}, "
+                f"use_power_2_scales={self.use_power_2_scales}")
 
 
-@dataclasses.dataclass(frozen=True)
-class QParams:
-    """How one tensor role is quantised: power-of-two scales, and a floor for its amax."""
-    power_2_scale: bool = False
-    amax_epsilon: float = 0.0
+class _UnsupportedRecipe(Recipe):
+    """A recipe that no device of this library runs: constructible (so configuration code that
+    builds it works), refused with a clear error wherever it would be used."""
+    _needs = ""
+
+    def __post_init__(self):
+        _check_format_only(self)
+
+    def unsupported_reason(self) -> str:
+        return (f"{type(self).__name__} needs {self._needs}; this implementation of Transformer "
+                "Engine does not support it on any device. Use DelayedScaling or "
+                "Float8CurrentScaling")
 
 
-@dataclasses.dataclass(frozen=True)
-class MMParams:
-    """GEMM options; use_split_accumulator: accumulate in full fp32 precision."""
-    use_split_accumulator: bool = True
+def _check_format_only(recipe) -> None:
+    if not isinstance(recipe.fp8_format, Format):
+        raise TypeError(f"{type(recipe).__name__}: fp8_format must be a recipe.Format, got "
+                        f"{recipe.fp8_format!r}")
+    if recipe.backward_override not in _BACKWARD_OVERRIDES:
+        raise ValueError(f"{type(recipe).__name__}: backward_override={recipe.backward_override!r}; "
+                         f"expected one of {_BACKWARD_OVERRIDES}")
 
 
+@_accepts_legacy_fields
+@dataclasses.dataclass()
+class MXFP8BlockScaling(_UnsupportedRecipe):
+    """MXFP8: E4M3/E5M2 data with one E8M0 scale per 32 elements (Blackwell, gfx950)."""
+    margin: int = 0
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = None
+    enable_2d_quantization: bool = False
+    _needs = "MXFP8 GEMMs (NVIDIA Blackwell or AMD gfx950)"
+
+
+@_accepts_legacy_fields
 @dataclasses.dataclass()
 class Float8BlockScaling(Recipe):
     """Block-wise FP8 with scales from each block's own amax, computed at every cast:
@@ -215,3 +403,22 @@ class Float8BlockScaling(Recipe):
                 f"x_block_scaling_dim={self.x_block_scaling_dim}, "
                 f"w_block_scaling_dim={self.w_block_scaling_dim}, "
                 f"grad_block_scaling_dim={self.grad_block_scaling_dim}")
+
+
+@_accepts_legacy_fields
+@dataclasses.dataclass()
+class NVFP4BlockScaling(_UnsupportedRecipe):
+    """NVFP4: E2M1 data with E4M3 scales per 16 elements (Blackwell)."""
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+    row_scaled_activation: bool = False
+    nvfp4_4over6: str = "none"
+    nvfp4_4over6_e4m3_use_256: str = "all"
+    nvfp4_4over6_err_mode: str = "MAE"
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = None
+    _needs = "FP4 GEMMs (NVIDIA Blackwell)"

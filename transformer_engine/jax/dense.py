@@ -93,10 +93,32 @@ def fp8_gemm_fits(tokens: int, k: int, m: int) -> bool:
 
 
 def dense(x, kernel, bias=None, fp8_meta=None):
-    """x [..., k] @ kernel [k, m] (+ bias [m]) -> [..., m] in x's dtype.
+    """``x @ kernel (+ bias)``, in FP8 under :func:`fp8_autocast`; differentiable.
 
-    fp8_meta: (amax_history [L, 3], scale [3]) for delayed scaling under fp8_autocast (the Flax
-    modules keep them in the FP8_COLLECTION); ignored outside FP8 and for current scaling."""
+    FP8 runs through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on
+    the CPU (emulated, the same numerics). FP8 is used when the token count (the product of ``x``'s
+    leading dimensions) and both
+    sizes of ``kernel`` are multiples of 16; otherwise the GEMM runs in ``x``'s dtype.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Input ``[..., k]``: float32, bfloat16 or float16.
+    kernel : jax.Array
+        Weight ``[k, m]``, cast to ``x``'s dtype.
+    bias : jax.Array, optional
+        Bias ``[m]``.
+    fp8_meta : tuple of (jax.Array, jax.Array), optional
+        ``(amax_history [history_len, 3], scale [3])`` of the input, kernel and output gradient
+        for delayed scaling under :func:`fp8_autocast` (the Flax modules keep them in the
+        ``FP8_COLLECTION`` variables). Ignored outside FP8 and under current scaling; required
+        for delayed scaling.
+
+    Returns
+    -------
+    jax.Array
+        ``[..., m]`` in ``x``'s dtype.
+    """
     if kernel.ndim != 2 or x.ndim < 1 or x.shape[-1] != kernel.shape[0]:
         raise ValueError(f"dense: x {x.shape} and kernel {kernel.shape}; expected x [..., k] and "
                          f"kernel [k, m]")

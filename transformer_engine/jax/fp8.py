@@ -10,6 +10,11 @@ the delayed-scaling primitive). So after `grads = jax.grad(loss)(params, fp8_var
 FP8 variables are the gradients of the FP8 collection: `fp8_vars = update_fp8_metas(grads)`.
 A module applied more than once in one step receives the sum of its updates (not supported).
 Current scaling needs no state: each cast uses fp8_max / amax of its own tensor.
+
+A step whose amax is NaN or infinite leaves delayed scaling alone: that amax never enters the
+history and the scale stays the last finite one (kernels.delayed_scaling_update, the custom call
+and the PyTorch frontend agree bit for bit; their `skipped=` argument counts such steps).
+Current scaling, which keeps no state here, casts such a tensor with scale 1.
 """
 from __future__ import annotations
 
@@ -51,7 +56,27 @@ def _flavor() -> str:
 @contextlib.contextmanager
 def fp8_autocast(enabled: bool = False, fp8_recipe: Optional[recipe_mod.Recipe] = None,
                  mesh_resource: Optional[MeshResource] = None):
-    """FP8 for the modules and functional ops traced inside (the state is read at trace time)."""
+    """FP8 for the Transformer Engine modules and functional ops traced inside the context.
+
+    The state is read when a function is traced, so ``jax.jit`` the step inside the context.
+    Under delayed scaling the modules keep their amax history and scales in the
+    ``FP8_COLLECTION`` variable collection; after ``grads = jax.grad(loss)(params, fp8_vars)`` the
+    updated values are the gradients of that collection (see :func:`update_fp8_metas`). FP8 runs
+    through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on the CPU
+    (emulated, the same numerics).
+    Entering with ``enabled=True`` on a GPU without FP8 raises NotImplementedError.
+
+    Parameters
+    ----------
+    enabled : bool, default False
+        Whether FP8 is used inside the context.
+    fp8_recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default ``DelayedScaling()`` when enabled). Other recipes
+        raise NotImplementedError.
+    mesh_resource : MeshResource, optional
+        Which mesh axes carry data and tensor parallelism for the modules traced inside (default:
+        none).
+    """
     if fp8_recipe is None and enabled:
         fp8_recipe = recipe_mod.DelayedScaling()
     if enabled:
@@ -72,15 +97,39 @@ def fp8_autocast(enabled: bool = False, fp8_recipe: Optional[recipe_mod.Recipe] 
 
 def autocast(enabled: bool = False, recipe: Optional[recipe_mod.Recipe] = None,
              mesh_resource: Optional[MeshResource] = None):
-    """The newer name of fp8_autocast (argument `recipe`)."""
+    """FP8 for the Transformer Engine modules and functional ops traced inside the context.
+
+    The state is read when a function is traced, so ``jax.jit`` the step inside the context.
+    Under delayed scaling the modules keep their amax history and scales in the
+    ``FP8_COLLECTION`` variable collection; after ``grads = jax.grad(loss)(params, fp8_vars)`` the
+    updated values are the gradients of that collection (see :func:`update_fp8_metas`). FP8 runs
+    through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on the CPU
+    (emulated, the same numerics).
+    Entering with ``enabled=True`` on a GPU without FP8 raises NotImplementedError.
+
+    The newer name of :func:`fp8_autocast`, with the argument ``recipe``.
+
+    Parameters
+    ----------
+    enabled : bool, default False
+        Whether FP8 is used inside the context.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default ``DelayedScaling()`` when enabled). Other recipes
+        raise NotImplementedError.
+    mesh_resource : MeshResource, optional
+        Which mesh axes carry data and tensor parallelism for the modules traced inside (default:
+        none).
+    """
     return fp8_autocast(enabled, recipe, mesh_resource)
 
 
 def is_fp8_enabled() -> bool:
+    """Whether FP8 is enabled by the innermost :func:`fp8_autocast` in force (at trace time)."""
     return _STATE[-1].enabled
 
 
 def get_fp8_recipe() -> Optional[recipe_mod.Recipe]:
+    """The recipe of the innermost :func:`fp8_autocast` in force, or None outside FP8."""
     return _STATE[-1].recipe
 
 
@@ -144,9 +193,23 @@ def updated_fp8_meta(cfg: FP8Config, amax_history, scale, amaxes):
 
 
 def update_fp8_metas(tree):
-    """The FP8 collection of `tree` (the gradients of a step, or variables): with this frontend
-    the step's custom VJPs already carry the updated history and scales, so the explicit update
-    of older TE versions is this selection. Returns {FP8_COLLECTION: ...} or {}."""
+    """The FP8 variables to use in the next step.
+
+    In this frontend the FP8 ops' custom gradients already carry the updated amax history and
+    scales as the "gradients" of the ``FP8_COLLECTION`` variables, so the update is a selection
+    of that collection.
+
+    Parameters
+    ----------
+    tree : dict
+        The gradients of a step with respect to the non-parameter variables (or the variables
+        themselves).
+
+    Returns
+    -------
+    dict
+        ``{FP8_COLLECTION: ...}``, or ``{}`` when the tree holds no FP8 variables.
+    """
     if isinstance(tree, dict) and FP8_COLLECTION in tree:
         return {FP8_COLLECTION: tree[FP8_COLLECTION]}
     return {}

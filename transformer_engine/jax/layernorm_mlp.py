@@ -32,21 +32,80 @@ def activation_name(activations: Sequence[str]) -> Optional[str]:
 
 def layernorm(x, gamma, beta=None, layernorm_type="layernorm", zero_centered_gamma=False,
               epsilon=1e-6):
-    """LayerNorm ('layernorm') or RMSNorm ('rmsnorm') over the last dimension."""
+    """LayerNorm or RMSNorm over the last dimension; differentiable.
+
+    Native kernels through XLA FFI on NVIDIA and AMD GPUs, jnp code on the CPU.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Input ``[..., hidden]``.
+    gamma : jax.Array
+        Scale ``[hidden]``.
+    beta : jax.Array, optional
+        Bias ``[hidden]``; required for ``'layernorm'``, unused for ``'rmsnorm'``.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    zero_centered_gamma : bool, default False
+        ``gamma`` is stored as ``gamma - 1``: the output is scaled by ``1 + gamma``.
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    """
     if beta is None and layernorm_type == "layernorm":
         raise ValueError("layernorm: beta is required for layernorm_type='layernorm'")
     return _layernorm(x, gamma, beta, epsilon, zero_centered_gamma, layernorm_type)
 
 
 def activation(x, activation_type: Sequence[str] = ("gelu",)):
-    """act(x) for an activation tuple; gated forms take x [..., 2 * N] (act half first)."""
+    """Apply an activation (plain or gated); differentiable.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Input ``[..., n]``; for a gated activation ``[..., 2 * n]`` with the activated half first.
+    activation_type : sequence of str, default ('gelu',)
+        One name for a plain activation: ``'gelu'``, ``'relu'``, ``'silu'`` (or ``'swish'``),
+        ``'quick_gelu'`` (``'qgelu'``), ``'squared_relu'`` (``'srelu'``); the same name followed
+        by ``'linear'`` for its gated form (e.g. ``('silu', 'linear')`` is SwiGLU); or
+        ``('linear',)`` for the identity.
+
+    Returns
+    -------
+    jax.Array
+        ``[..., n]``.
+    """
     name = activation_name(activation_type)
     return x if name is None else _activation(x, name)
 
 
 def layernorm_dense(x, kernel, gamma, beta=None, bias=None, layernorm_type="layernorm",
                     zero_centered_gamma=False, epsilon=1e-6, fp8_meta=None):
-    """dense(layernorm(x), kernel, bias)."""
+    """``dense(layernorm(x), kernel, bias)``; FP8 GEMM under :func:`fp8_autocast`.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Input ``[..., hidden]``.
+    kernel : jax.Array
+        Weight ``[hidden, m]``.
+    gamma : jax.Array
+        Norm scale ``[hidden]``.
+    beta : jax.Array, optional
+        Norm bias ``[hidden]`` (required for ``'layernorm'``).
+    bias : jax.Array, optional
+        GEMM bias ``[m]``.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    zero_centered_gamma : bool, default False
+        ``gamma`` is stored as ``gamma - 1``: the output is scaled by ``1 + gamma``.
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    fp8_meta : tuple of (jax.Array, jax.Array), optional
+        ``(amax_history [history_len, 3], scale [3])`` of the input, kernel and output gradient
+        for delayed scaling under :func:`fp8_autocast` (the Flax modules keep them in the
+        ``FP8_COLLECTION`` variables). Ignored outside FP8 and under current scaling; required
+        for delayed scaling.
+    """
     h = layernorm(x, gamma, beta, layernorm_type, zero_centered_gamma, epsilon)
     return dense(h, kernel, bias, fp8_meta)
 
@@ -54,9 +113,37 @@ def layernorm_dense(x, kernel, gamma, beta=None, bias=None, layernorm_type="laye
 def layernorm_mlp(x, gamma, beta, kernels, biases=(None, None), layernorm_type="layernorm",
                   zero_centered_gamma=False, epsilon=1e-6, activation_type=("gelu",),
                   fp8_metas=(None, None), intermediate_fn=None):
-    """fc2(act(fc1(layernorm(x)))). kernels: (kernel_1 [hidden, n_act * inter],
-    kernel_2 [inter, hidden]) with n_act = len(activation_type) (gated: act half first);
-    intermediate_fn, e.g. dropout, is applied to the activation's output."""
+    """``fc2(act(fc1(layernorm(x))))``; FP8 GEMMs under :func:`fp8_autocast`.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Input ``[..., hidden]``.
+    gamma : jax.Array
+        Norm scale ``[hidden]``.
+    beta : jax.Array or None
+        Norm bias ``[hidden]`` (required for ``'layernorm'``).
+    kernels : tuple of (jax.Array, jax.Array)
+        ``(kernel_1 [hidden, n_act * inter], kernel_2 [inter, hidden])`` where ``n_act`` is
+        ``len(activation_type)`` (2 for gated activations, activated half first).
+    biases : tuple of (jax.Array or None, jax.Array or None), default (None, None)
+        Biases of the two GEMMs, ``[n_act * inter]`` and ``[hidden]``.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    zero_centered_gamma : bool, default False
+        ``gamma`` is stored as ``gamma - 1``: the output is scaled by ``1 + gamma``.
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    activation_type : sequence of str, default ('gelu',)
+        One name for a plain activation: ``'gelu'``, ``'relu'``, ``'silu'`` (or ``'swish'``),
+        ``'quick_gelu'`` (``'qgelu'``), ``'squared_relu'`` (``'srelu'``); the same name followed
+        by ``'linear'`` for its gated form (e.g. ``('silu', 'linear')`` is SwiGLU); or
+        ``('linear',)`` for the identity.
+    fp8_metas : tuple, default (None, None)
+        The ``fp8_meta`` of each GEMM (see :func:`dense`).
+    intermediate_fn : callable, optional
+        Applied to the activation's output before the second GEMM, e.g. dropout.
+    """
     k1, k2 = kernels
     b1, b2 = biases
     h = layernorm(x, gamma, beta, layernorm_type, zero_centered_gamma, epsilon)

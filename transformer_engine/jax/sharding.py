@@ -12,6 +12,27 @@ from jax.sharding import PartitionSpec
 
 @dataclasses.dataclass(frozen=True)
 class MeshResource:
+    """Which axes of the device mesh carry which kind of parallelism.
+
+    Pass it to :func:`fp8_autocast` (``mesh_resource``); the modules read it at trace time and
+    add sharding constraints accordingly. A ``None`` axis means that kind of parallelism is not
+    used.
+
+    Parameters
+    ----------
+    dp_resource : str, optional
+        Mesh axis of data parallelism (the batch dimension of activations).
+    tp_resource : str, optional
+        Mesh axis of tensor parallelism (kernels split by columns or rows).
+    tpsp_resource : str, optional
+        Mesh axis of tensor plus sequence parallelism.
+    fsdp_resource : str, optional
+        Mesh axis over which parameters are sharded (fully sharded data parallelism).
+    pp_resource : str, optional
+        Mesh axis of pipeline parallelism (recorded; pipelining is up to the caller).
+    cp_resource : str, optional
+        Mesh axis of context parallelism (recorded; not used by the attention yet).
+    """
     dp_resource: Optional[str] = None
     tp_resource: Optional[str] = None
     tpsp_resource: Optional[str] = None

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .collectives import all_gather_first_dim
 from .quantization import FP8GlobalState
 
 __all__ = ["checkpoint"]
@@ -61,7 +62,6 @@ def _split_saved(t, tp_group):
 
 
 def _gather_saved(chunk, shape, tp_group):
-    from .distributed import all_gather_first_dim
     return all_gather_first_dim(chunk, tp_group).view(shape)
 
 
@@ -122,9 +122,36 @@ class _CheckpointFunction(torch.autograd.Function):
 def checkpoint(function: Callable, *args, distribute_saved_activations: bool = False,
                get_rng_state_tracker: Optional[Callable] = None, tp_group=None,
                use_reentrant: bool = True, **kwargs):
-    """Runs function(*args, **kwargs) without keeping its activations; the backward recomputes
-    them with the forward's RNG states and FP8 scales. distribute_saved_activations keeps only
-    this rank's 1/tp share of the saved inputs (gathered again over tp_group for the recompute)."""
+    """Activation checkpointing that is aware of FP8 and of tensor-parallel RNG states.
+
+    Runs ``function(*args, **kwargs)`` without keeping its intermediate activations; the backward
+    pass recomputes them with the RNG states and the FP8 scales of the original forward, so that
+    dropout masks and FP8 casts are identical. Works on every backend.
+
+    Parameters
+    ----------
+    function : callable
+        The function (or module) to run.
+    *args
+        Its positional arguments; the tensors among them are saved for the recompute.
+    distribute_saved_activations : bool, default False
+        Keep only this rank's ``1 / tp_size`` share of the saved inputs; they are gathered again
+        over ``tp_group`` for the recompute.
+    get_rng_state_tracker : callable, optional
+        Returns the :class:`CudaRNGStatesTracker` whose states are saved and restored along with
+        the global RNG state.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel group (for ``distribute_saved_activations``).
+    use_reentrant : bool, default True
+        Accepted for compatibility with ``torch.utils.checkpoint``; the recompute always runs in
+        this function's own backward.
+    **kwargs
+        Keyword arguments passed on to ``function``.
+
+    Returns
+    -------
+    The output of ``function``.
+    """
     if not callable(function):
         raise TypeError(f"checkpoint: function must be callable, got {type(function).__name__}")
     return _CheckpointFunction.apply(function, bool(distribute_saved_activations),

@@ -10,11 +10,21 @@ communicates here by accident.
 from __future__ import annotations
 
 import contextlib
+import weakref
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from .checkpoint import checkpoint  # noqa: F401  (te.distributed.checkpoint: NV TE's other spelling)
+from .collectives import (  # noqa: F401  (re-exported: the public names live here too)
+    _tp_size, _uses_nccl, all_gather_first_dim, all_reduce, get_distributed_rank,
+    get_distributed_world_size, reduce_scatter_first_dim)
+
 DEFAULT_RNG_STATE_NAME = "model-parallel-rng"
+
+# Every live tracker, for get_all_rng_states (trackers are few and long-lived).
+_TRACKERS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -22,13 +32,18 @@ DEFAULT_RNG_STATE_NAME = "model-parallel-rng"
 # ---------------------------------------------------------------------------------------------
 
 class CudaRNGStatesTracker:
-    """Named RNG states that regions of code can fork into, so that, e.g., dropout inside
-    tensor-parallel regions draws different numbers on each TP rank (each rank seeds its own
-    state) while dropout elsewhere stays identical across ranks.
+    """Named random-number-generator states that code regions can fork into.
 
-    The states belong to one torch generator: the current CUDA device's default generator when
-    CUDA is available, else the CPU default generator (so the same code runs on the reference
-    backend). `device="cpu"`/`"cuda"` picks one explicitly.
+    Used so that dropout inside tensor-parallel regions draws different numbers on each rank
+    (each rank seeds its own state) while dropout elsewhere stays identical across ranks. The
+    states belong to one generator: the current CUDA/ROCm device's when a GPU is available, else
+    the CPU generator, so the same code runs on the reference backend.
+
+    Parameters
+    ----------
+    device : {'cuda', 'cpu'}, optional
+        The generator whose states are tracked (default ``'cuda'`` when a GPU is available, else
+        ``'cpu'``).
     """
 
     def __init__(self, device: str | None = None):
@@ -40,6 +55,7 @@ class CudaRNGStatesTracker:
             raise RuntimeError("CudaRNGStatesTracker: device='cuda' was asked for but CUDA is not available")
         self.device = device
         self.reset()
+        _TRACKERS.add(self)
 
     # The generator this tracker swaps states of.
     def _get_state(self) -> torch.Tensor:
@@ -62,14 +78,27 @@ class CudaRNGStatesTracker:
         return dict(self.states_)
 
     def set_states(self, states: dict) -> None:
-        """Replace every state, e.g. with a mapping returned by get_states()."""
+        """Replace every state, e.g. with a mapping returned by :meth:`get_states`.
+
+        Parameters
+        ----------
+        states : dict of str to torch.Tensor
+            Name to generator state.
+        """
         if not isinstance(states, dict):
             raise TypeError(f"CudaRNGStatesTracker.set_states: states must be a dict, got {type(states).__name__}")
         self.states_ = dict(states)
 
     def add(self, name: str, seed: int) -> None:
-        """Create state `name` seeded with `seed`, leaving the current RNG state untouched.
-        Names and seeds must be unique: two states with one seed would draw the same numbers."""
+        """Create a state seeded with ``seed``, leaving the current RNG state untouched.
+
+        Parameters
+        ----------
+        name : str
+            Name of the new state; must be new.
+        seed : int
+            Its seed; must differ from every other state's, or both would draw the same numbers.
+        """
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"CudaRNGStatesTracker.add: seed must be an int, got {type(seed).__name__}")
         if seed in self.seeds_:
@@ -89,7 +118,13 @@ class CudaRNGStatesTracker:
 
     @contextlib.contextmanager
     def fork(self, name: str = DEFAULT_RNG_STATE_NAME):
-        """Run the body with state `name`, then store where it got to and restore the caller's."""
+        """Context manager: run the body with state ``name``, then restore the caller's state.
+
+        Parameters
+        ----------
+        name : str, default 'model-parallel-rng'
+            The state to use; it must have been added with :meth:`add`.
+        """
         if name not in self.states_:
             raise KeyError(f"CudaRNGStatesTracker.fork: no state named {name!r}; add(name, seed) it first "
                            f"(known: {sorted(self.states_)})")
@@ -103,33 +138,49 @@ class CudaRNGStatesTracker:
 
 
 # ---------------------------------------------------------------------------------------------
-# Process-group queries
+# RNG states of every tracker
 # ---------------------------------------------------------------------------------------------
 
-def get_distributed_world_size(group=None) -> int:
-    """Ranks in `group` (the default group when None, as torch.distributed reads it); 1 when
-    torch.distributed is not initialised."""
-    if not dist.is_available() or not dist.is_initialized():
-        return 1
-    return dist.get_world_size(group)
+def get_all_rng_states() -> dict:
+    """name -> RNG state of every state added to any live CudaRNGStatesTracker."""
+    states: dict = {}
+    for tracker in list(_TRACKERS):
+        states.update(tracker.get_states())
+    return states
 
 
-def get_distributed_rank(group=None) -> int:
-    """This process's rank in `group` (default group when None); 0 when not initialised."""
-    if not dist.is_available() or not dist.is_initialized():
-        return 0
-    return dist.get_rank(group)
+# ---------------------------------------------------------------------------------------------
+# FP8 activation recompute driven by the caller (e.g. a framework's own checkpoint function)
+# ---------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def activation_recompute_forward(activation_recompute: bool = False, recompute_phase: bool = False):
+    """Marks a forward as checkpointed (recompute_phase=False: TE modules inside record the FP8
+    scales they cast with) or as its recompute (recompute_phase=True: they cast with the recorded
+    scales, record no amax, and deliver their backward to the checkpointed forward's step), so a
+    checkpoint implemented outside this library recomputes FP8 activations bit for bit. With
+    activation_recompute=False it changes nothing."""
+    from .quantization import FP8GlobalState
+    s = FP8GlobalState
+    saved = s.recompute_phase
+    if activation_recompute:
+        s.recompute_phase = 2 if recompute_phase else 1
+    try:
+        yield
+    finally:
+        s.recompute_phase = saved
 
 
-def _tp_size(group) -> int:
-    """Ranks of a tensor-parallel group: None means no tensor parallelism (see the module doc)."""
-    return 1 if group is None else get_distributed_world_size(group)
+def is_fp8_activation_recompute_enabled() -> bool:
+    """Whether FP8 is on inside an activation_recompute_forward (or te.checkpoint) region."""
+    from .quantization import FP8GlobalState
+    return FP8GlobalState.recompute_phase != 0 and FP8GlobalState.enabled
 
 
-def checkpoint(function, *args, **kwargs):
-    """te.distributed.checkpoint, NVIDIA TE's other spelling of te.checkpoint."""
-    from .checkpoint import checkpoint as te_checkpoint
-    return te_checkpoint(function, *args, **kwargs)
+def in_fp8_activation_recompute_phase() -> bool:
+    """Whether the current forward is the recompute of a checkpointed one."""
+    from .quantization import FP8GlobalState
+    return FP8GlobalState.recompute_phase == 2
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -144,57 +195,6 @@ def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool
     tensor.tensor_model_parallel = is_parallel
     tensor.partition_dim = dim
     tensor.partition_stride = stride
-
-
-def _uses_nccl(group) -> bool:
-    return dist.get_backend(group) == "nccl"
-
-
-# ---------------------------------------------------------------------------------------------
-# Raw collectives (no autograd): the building blocks of the Functions below
-# ---------------------------------------------------------------------------------------------
-
-def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum `tensor` over the group in place and return it (identity for one rank)."""
-    if _tp_size(group) == 1:
-        return tensor
-    dist.all_reduce(tensor, group=group)
-    return tensor
-
-
-def all_gather_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """Concatenate every rank's `tensor` along dim 0 (rank order)."""
-    world = _tp_size(group)
-    if world == 1:
-        return tensor
-    tensor = tensor.contiguous()
-    out = torch.empty((world * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
-                      device=tensor.device)
-    if _uses_nccl(group):
-        dist.all_gather_into_tensor(out, tensor, group=group)
-    else:  # gloo and others lack the single-tensor form: gather into views of `out`
-        dist.all_gather(list(out.chunk(world, dim=0)), tensor, group=group)
-    return out
-
-
-def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum over the group, then keep this rank's 1/world slice of dim 0."""
-    world = _tp_size(group)
-    if world == 1:
-        return tensor
-    if tensor.shape[0] % world != 0:
-        raise ValueError(f"reduce_scatter_along_first_dim: dim 0 of shape {tuple(tensor.shape)} is not "
-                         f"divisible by the group size {world}")
-    tensor = tensor.contiguous()
-    if _uses_nccl(group):
-        out = torch.empty((tensor.shape[0] // world,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
-                          device=tensor.device)
-        dist.reduce_scatter_tensor(out, tensor, group=group)
-        return out
-    # gloo has no reduce-scatter: all-reduce a copy and keep our slice (twice the traffic, same sums)
-    summed = tensor.clone()
-    dist.all_reduce(summed, group=group)
-    return summed.chunk(world, dim=0)[get_distributed_rank(group)].contiguous()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,13 +268,79 @@ def reduce_from_tensor_parallel_region(inp: torch.Tensor, group=None) -> torch.T
     return _ReduceFromTensorParallelRegion.apply(inp, group)
 
 
-def gather_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
+def gather_from_sequence_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
+    """All-gather along dim 0 with a reduce-scatter backward (autograd)."""
     if _tp_size(group) == 1:
         return inp
     return _GatherAlongFirstDim.apply(inp, group)
 
 
-def reduce_scatter_along_first_dim(inp: torch.Tensor, group=None) -> torch.Tensor:
+def reduce_scatter_to_sequence_parallel_region(inp: torch.Tensor, group=None) -> torch.Tensor:
+    """Reduce-scatter along dim 0 with an all-gather backward (autograd)."""
     if _tp_size(group) == 1:
         return inp
     return _ReduceScatterAlongFirstDim.apply(inp, group)
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA TE's raw collectives: (output, async handle or None), no autograd. Unlike the region
+# functions above, process_group=None means torch.distributed's default group, as in
+# torch.distributed itself; without an initialised process group they are the identity.
+# ---------------------------------------------------------------------------------------------
+
+def _world_of(group) -> int:
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def gather_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool = False,
+                           quantizer=None) -> Tuple[torch.Tensor, Optional[object]]:
+    """Every rank's `inp` concatenated along dim 0, as (output, handle): handle is the pending
+    collective with async_op=True (wait() before reading the output), else None. A quantizer,
+    when given, quantizes the gathered output."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"gather_along_first_dim: inp must be a torch.Tensor, got {type(inp).__name__}")
+    from .tensor import QuantizedTensor
+    if isinstance(inp, QuantizedTensor):
+        inp = inp.dequantize()
+    world = _world_of(process_group)
+    if world == 1:
+        return (quantizer.quantize(inp) if quantizer is not None else inp), None
+    inp = inp.contiguous()
+    out = torch.empty((world * inp.shape[0],) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+    if _uses_nccl(process_group):
+        handle = dist.all_gather_into_tensor(out, inp, group=process_group, async_op=async_op)
+    else:
+        handle = dist.all_gather(list(out.chunk(world, dim=0)), inp, group=process_group,
+                                 async_op=async_op)
+    if quantizer is not None:
+        if handle is not None:
+            handle.wait()
+            handle = None
+        out = quantizer.quantize(out)
+    return out, handle
+
+
+def reduce_scatter_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool = False
+                                   ) -> Tuple[torch.Tensor, Optional[object]]:
+    """The sum over ranks of `inp`, of which this rank keeps its 1/world slice of dim 0, as
+    (output, handle) (see gather_along_first_dim)."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"reduce_scatter_along_first_dim: inp must be a torch.Tensor, got "
+                        f"{type(inp).__name__}")
+    world = _world_of(process_group)
+    if world == 1:
+        return inp, None
+    if inp.shape[0] % world != 0:
+        raise ValueError(f"reduce_scatter_along_first_dim: dim 0 of shape {tuple(inp.shape)} is not "
+                         f"divisible by the group size {world}")
+    inp = inp.contiguous()
+    if _uses_nccl(process_group):
+        out = torch.empty((inp.shape[0] // world,) + tuple(inp.shape[1:]), dtype=inp.dtype,
+                          device=inp.device)
+        handle = dist.reduce_scatter_tensor(out, inp, group=process_group, async_op=async_op)
+        return out, handle
+    group = process_group if process_group is not None else dist.group.WORLD
+    return reduce_scatter_first_dim(inp, group), None
+

@@ -59,7 +59,21 @@ def device_capability(index: int) -> capabilities.Capability:
 
 
 def capability(device: torch.device | str | int | None = None) -> capabilities.Capability:
-    """Capability of a torch device (the current CUDA device by default; CPU: reference)."""
+    """What the native backend offers on a device.
+
+    Parameters
+    ----------
+    device : torch.device, str or int, optional
+        The device (an int is a CUDA/ROCm device index). Default: the current GPU, or the CPU when
+        there is none. Any non-GPU device reports the reference backend.
+
+    Returns
+    -------
+    transformer_engine.common.capabilities.Capability
+        The backend (``'cuda'``, ``'rocm'`` or ``'reference'``), the device name and architecture,
+        the FP8 flavour (``'ocp'``, ``'fnuz'`` or None), whether FP8 GEMMs are supported, and the
+        reason for the answer.
+    """
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
@@ -70,7 +84,22 @@ def capability(device: torch.device | str | int | None = None) -> capabilities.C
 
 
 def fp8_dtype(fmt: str, device=None) -> torch.dtype:
-    """torch FP8 dtype of a format ('e4m3'/'e5m2') on a device, following its flavour."""
+    """The torch FP8 dtype of a format on a device.
+
+    Parameters
+    ----------
+    fmt : {'e4m3', 'e5m2'}
+        The FP8 format.
+    device : torch.device, str or int, optional
+        The device (default: the current GPU, or the CPU). NVIDIA and AMD gfx950 use the OCP
+        dtypes (``torch.float8_e4m3fn``, ``torch.float8_e5m2``), AMD gfx942 the FNUZ ones
+        (``torch.float8_e4m3fnuz``, ``torch.float8_e5m2fnuz``); the CPU uses OCP.
+
+    Raises
+    ------
+    NotImplementedError
+        When the device has no FP8 support.
+    """
     cap = capability(device)
     if cap.fp8_flavor is None:
         raise NotImplementedError(f"FP8 is not available on {cap.device or cap.arch}: {cap.reason}")

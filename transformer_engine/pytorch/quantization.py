@@ -18,10 +18,19 @@ Life of one training step with DelayedScaling:
     read of a forward scale or history (`RecipeState.scale_fwd`, ..., `state_dict`) run a
     deferred update first, and no kernel of the step's backward reads or writes forward state.
 Float8CurrentScaling needs no history: each cast computes its amax first, then the scale.
+
+A bad step (an amax that is NaN or infinite, e.g. an overflowed gradient) leaves the scaling
+alone: the non-finite amax never enters the history and the tensor keeps the scale of its last
+finite update, for both recipes (NVIDIA TE lets it into the history, where it freezes the scale
+for up to amax_history_len steps). Each skip is counted on the device, in an int32 per tensor
+(`RecipeState.skipped_updates()`, `module.fp8_skipped_updates()`); the warning, once per module
+and recipe, comes when the counter is read or the state saved (`state_dict`), or right after the
+update on CPU tensors, so no step waits for the device.
 """
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -29,48 +38,30 @@ import torch
 from ..common import fp8_formats
 from ..common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from . import native
+from .fp8_support import (  # noqa: F401  (re-exported: NV TE's names live here)
+    check_fp8_block_scaling_support, check_fp8_support, check_mxfp8_support,
+    check_nvfp4_support, is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available,
+    is_nvfp4_available, require_fp8_support)
 
 __all__ = ["autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init", "is_fp8_available",
-           "get_default_recipe", "RecipeState", "FP8GlobalState"]
+           "is_mxfp8_available", "is_nvfp4_available", "is_fp8_block_scaling_available",
+           "check_fp8_support", "check_mxfp8_support", "check_nvfp4_support",
+           "check_fp8_block_scaling_support", "check_recipe_support", "get_default_recipe",
+           "get_default_fp8_recipe", "RecipeState", "FP8GlobalState", "FP8GlobalStateManager"]
 
 
-# ----- device support ---------------------------------------------------------------------------
-
-def is_fp8_available(device=None) -> Tuple[bool, str]:
-    """(True, "") when FP8 GEMMs run natively on the device (default: the current GPU), else
-    (False, why). CPU tensors always run FP8 emulated on the reference backend."""
-    if device is not None and torch.device(device).type == "cpu":
-        return True, "reference backend: FP8 emulated in plain torch"
-    if not torch.cuda.is_available():
-        return False, "no GPU visible to torch (FP8 runs emulated on CPU tensors only)"
-    cap = native.capability(device)
-    name = cap.device or cap.arch or "this GPU"
-    if cap.backend == "reference":
-        return False, f"{name}: {cap.reason}"
-    if not cap.has_fp8 or not cap.fp8_gemm:
-        return False, f"{name} ({cap.arch}) lacks FP8 GEMM support: {cap.reason}"
-    return True, ""
-
-
-_SUPPORT_CACHE: dict = {}
-
-
-def check_fp8_support(device: torch.device, who: str) -> None:
-    """Raises a clear error when FP8 is asked for on a GPU that cannot run it."""
-    if device.type != "cuda":
-        return
-    key = device.index
-    ok = _SUPPORT_CACHE.get(key)
-    if ok is None:
-        ok = _SUPPORT_CACHE[key] = is_fp8_available(device)
-    if not ok[0]:
-        raise NotImplementedError(f"{who}: FP8 autocast is enabled but {ok[1]}")
+def check_recipe_support(recipe: Recipe) -> None:
+    """Raises when the recipe cannot run here (see _check_recipe)."""
+    _check_recipe(recipe, "check_recipe_support")
 
 
 def get_default_recipe() -> Recipe:
     """DelayedScaling with the HYBRID format; the torch dtypes (OCP or FNUZ) come from the device
     when a module first runs."""
     return DelayedScaling()
+
+
+get_default_fp8_recipe = get_default_recipe
 
 
 # ----- global state -----------------------------------------------------------------------------
@@ -160,6 +151,7 @@ class _FP8GlobalStateType:
         self.step: Optional[_Step] = None
         self.model_init = False
         self.model_init_recipe: Optional[Recipe] = None
+        self.model_init_keep_hp = False  # quantized_model_init(preserve_high_precision_init_val)
         # checkpoint support: modules record their forward scales and the recompute replays them
         self.recompute_phase = 0   # 0: none, 1: checkpointed forward (record), 2: recompute (replay)
 
@@ -176,11 +168,20 @@ FP8GlobalState = _FP8GlobalStateType()
 def _check_recipe(recipe, who):
     if recipe is None:
         return get_default_recipe()
-    if isinstance(recipe, Recipe) and recipe.float8_block_scaling():
-        return recipe  # Linear, LayerNormLinear and LayerNormMLP run it (module/_blockwise.py)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{who}: recipe must be a transformer_engine.common.recipe.Recipe, got "
+                        f"{type(recipe).__name__}")
+    if hasattr(recipe, "unsupported_reason"):
+        raise NotImplementedError(f"{who}: {recipe.unsupported_reason()}")
+    if recipe.float8_block_scaling():
+        # Linear, LayerNormLinear and LayerNormMLP run it (module/_blockwise.py)
+        recipe.__post_init__()
+        return recipe
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
                                   "DelayedScaling, Float8CurrentScaling or Float8BlockScaling")
+    # fields may have been set on the object after construction: validate them again
+    recipe.__post_init__()
     if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
         raise NotImplementedError(f"{who}: DelayedScaling.scaling_factor_compute_algo is not supported")
     return recipe
@@ -212,7 +213,10 @@ class _AutocastContext(contextlib.ContextDecorator):
                 flush_deferred_updates()
             # only delayed scaling has a step to finish (its batched update); other recipes keep
             # no step (host time on every training step)
-            s.step = _Step(recipe, group) if isinstance(recipe, DelayedScaling) else None
+            # a recompute (checkpoint phase 2) belongs to the checkpointed forward's step, which
+            # its modules deliver their backward to
+            s.step = (_Step(recipe, group) if isinstance(recipe, DelayedScaling)
+                      and s.recompute_phase != 2 else None)
         s.enabled, s.calibrating = bool(enabled), bool(calibrating)
         s.recipe, s.group = recipe, group
         s.depth += 1
@@ -239,39 +243,133 @@ def _autocast_context(enabled, calibrating, recipe, amax_reduction_group):
 
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
              amax_reduction_group=None, _graph: bool = False):
-    """Runs Transformer Engine modules in FP8 (enabled) or records amaxes only (calibrating).
+    """Run Transformer Engine modules in FP8 inside the context.
 
-    Nested contexts override the outer one; the delayed-scaling update of a step runs when the
-    outermost context exits."""
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+    amax_reduction_group : torch.distributed.ProcessGroup, optional
+        With delayed scaling and ``recipe.reduce_amax``, amaxes are reduced (maximum) over this
+        group before the scales are updated, so that all ranks use the same scales.
+
+    Examples
+    --------
+    >>> with te.autocast(enabled=True, recipe=recipe.DelayedScaling()):
+    ...     out = model(inp)
+    >>> out.sum().backward()
+    """
     return _autocast_context(enabled, calibrating, recipe, amax_reduction_group)
 
 
 def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
                  fp8_group=None, _graph: bool = False):
-    """The older name of `autocast` (fp8_recipe -> recipe, fp8_group -> amax_reduction_group)."""
+    """Run Transformer Engine modules in FP8 inside the context.
+
+    The modules called inside (:class:`Linear`, :class:`LayerNormLinear`, :class:`LayerNormMLP`
+    and the attention and transformer layers built on them) cast their GEMM inputs to FP8 as the
+    recipe says. Contexts nest; the inner one wins. With delayed scaling, the amax history and
+    scale update of a step runs once, on the device, when the outermost context exits (after the
+    backward pass when one follows). FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). On a GPU without FP8 (e.g. NVIDIA
+    Ampere) entering
+    a module raises NotImplementedError; see :func:`is_fp8_available`.
+
+    This is the older name of :func:`autocast`, with the older argument names.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether FP8 is used inside the context.
+    calibrating : bool, default False
+        With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
+        initialise FP8 scales from a high-precision run) while computing in high precision.
+    fp8_recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+    fp8_group : torch.distributed.ProcessGroup, optional
+        The amax reduction group (``amax_reduction_group`` of :func:`autocast`).
+    """
     return _autocast_context(enabled, calibrating, fp8_recipe, fp8_group)
 
 
 @contextlib.contextmanager
 def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                          preserve_high_precision_init_val: bool = False):
-    """Modules created inside keep their weights only as FP8 tensors (Float8Tensor): no
-    high-precision copy. `preserve_high_precision_init_val` is accepted for API parity; the
-    initial values are not kept (that is the memory this saves)."""
+    """Create modules whose weights are stored only in FP8.
+
+    Weights of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP` created inside
+    the context are :class:`Float8Tensor` parameters with no high-precision copy, which halves (or
+    quarters) their memory. They are cast once at creation with their own amax (current scaling);
+    in-place updates (e.g. by the optimizer) requantise them. Works on every backend with FP8
+    support.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Also keep each FP8 weight's initial high-precision value, on the CPU:
+        ``weight.get_high_precision_init_val()`` returns it and
+        ``weight.clear_high_precision_init_val()`` frees it (e.g. once an optimizer's master
+        weights were made from it).
+    """
     s = FP8GlobalState
-    saved = (s.model_init, s.model_init_recipe)
+    checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
+    if checked is not None and checked.float8_block_scaling():
+        raise NotImplementedError(
+            "quantized_model_init: FP8 weights under Float8BlockScaling (128x128-blocked parameters) "
+            "are not implemented; create the model in high precision and train it under "
+            "autocast(recipe=Float8BlockScaling())")
+    saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
     s.model_init = bool(enabled)
-    s.model_init_recipe = _check_recipe(recipe, "quantized_model_init") if enabled else None
+    s.model_init_recipe = checked
+    s.model_init_keep_hp = bool(enabled and preserve_high_precision_init_val)
     try:
         yield
     finally:
-        s.model_init, s.model_init_recipe = saved
+        s.model_init, s.model_init_recipe, s.model_init_keep_hp = saved
 
 
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
                    preserve_high_precision_init_val: bool = False):
-    """The older name of `quantized_model_init`."""
+    """Create modules whose weights are stored only in FP8 (the older :func:`quantized_model_init`).
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether weights created inside are stored in FP8.
+    recipe : DelayedScaling or Float8CurrentScaling, optional
+        How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+    preserve_high_precision_init_val : bool, default False
+        Accepted for compatibility; the high-precision initial values are not kept.
+    """
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
 
@@ -319,6 +417,8 @@ class RecipeState:
         self.fwd_max = fp8_formats.fp8_max(fmt.value.fwd, flavor)
         self.bwd_max = fp8_formats.fp8_max(fmt.value.bwd, flavor)
         self.step_id = None
+        self.owner = "an FP8 module"  # the module's class name, set by the module (for warnings)
+        self._warned_skips = 0
         self._ptrs = None
         self._on_native = None
         self.eager_call_info = None  # module/base.py: fp8_call_info's answer for plain FP8 calls
@@ -336,6 +436,9 @@ class RecipeState:
         # current scaling: one int32 per direction that nvte_current_scaling_scales counts its
         # blocks in (zero between launches)
         self.counters = torch.zeros(2, dtype=torch.int32, device=device)
+        # updates skipped for a non-finite amax, per tensor (see the module docstring)
+        self._skipped_fwd = torch.zeros(n_fwd, dtype=torch.int32, device=device)
+        self.skipped_bwd = torch.zeros(n_bwd, dtype=torch.int32, device=device)
         self.max_fwd_t = torch.full((1,), self.fwd_max, **f32)
         self.max_bwd_t = torch.full((1,), self.bwd_max, **f32)
         self._make_views()
@@ -375,6 +478,12 @@ class RecipeState:
                 state["_" + name] = state.pop(name)
         if "counters" not in state and "_scale_fwd" in state:
             state["counters"] = torch.zeros(2, dtype=torch.int32, device=state["_scale_fwd"].device)
+        if "_skipped_fwd" not in state and "_scale_fwd" in state:
+            dev = state["_scale_fwd"].device
+            state["_skipped_fwd"] = torch.zeros(state["_scale_fwd"].numel(), dtype=torch.int32, device=dev)
+            state["skipped_bwd"] = torch.zeros(state["scale_bwd"].numel(), dtype=torch.int32, device=dev)
+        state.setdefault("owner", "an FP8 module")
+        state.setdefault("_warned_skips", 0)
         self.__dict__.update(state)
 
     def _pointers(self):
@@ -393,11 +502,42 @@ class RecipeState:
         descs = self._update_descs
         if descs is None:
             descs = self._update_descs = tuple(
-                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
+                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m),
+                 sk.data_ptr())
                 if h.shape[1] else None
-                for h, sc, si, m in ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max),
-                                     (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max)))
+                for h, sc, si, m, sk in self._groups())
         return descs[0 if forward else 1]
+
+    def _groups(self):
+        """(history, scale, scale_inv, fp8_max, skipped) of the forward and the backward."""
+        return ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max,
+                 self._skipped_fwd),
+                (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max,
+                 self.skipped_bwd))
+
+    # -- updates skipped for a non-finite amax
+    def skipped_updates(self) -> int:
+        """How many scale updates of this state's tensors were skipped because the amax was NaN
+        or infinite. Reading it waits for the device; it also warns (once) when not zero."""
+        if _DEFERRED:
+            flush_deferred_updates()
+        total = int(self._skipped_fwd.sum().item() + self.skipped_bwd.sum().item())
+        self._warn_skipped(total)
+        return total
+
+    def _warn_skipped(self, total: int) -> None:
+        if total > 0 and self._warned_skips == 0:
+            self._warned_skips = total
+            warnings.warn(
+                f"{self.owner}: {total} FP8 scale update(s) with {type(self.recipe).__name__} were "
+                f"skipped because an amax was NaN or infinite (a step with non-finite values); the "
+                f"affected tensors keep the scale of their last finite update", RuntimeWarning,
+                stacklevel=3)
+
+    def warn_if_skipped_on_cpu(self) -> None:
+        """After an update on CPU tensors, where reading the counter costs no device wait."""
+        if self.device.type == "cpu" and self._warned_skips == 0:
+            self._warn_skipped(int(self._skipped_fwd.sum() + self.skipped_bwd.sum()))
 
     @property
     def ptrs_fwd(self):
@@ -429,16 +569,23 @@ class RecipeState:
         amax = (self.fwd_amax if forward else self.bwd_amax)[i]
         scale = (self.fwd_scale if forward else self.bwd_scale)[i]
         scale_inv = (self._scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
+        skipped = (self._skipped_fwd if forward else self.skipped_bwd)[i:i + 1]
         compute_current_scale(x, amax, scale, scale_inv, self.fwd_max if forward else self.bwd_max,
-                              self.recipe.use_power_2_scales)
+                              self.recipe.use_power_2_scales, skipped)
+        if x.device.type == "cpu":
+            self.warn_if_skipped_on_cpu()
         return scale
 
     # -- checkpoint I/O
     def to_dict(self) -> dict:
+        if self._warned_skips == 0:
+            self.skipped_updates()  # saving is a natural point to wait for the device and warn
         return {"recipe": self.key[0], "amax_history_fwd": self.amax_history_fwd.clone(),
                 "amax_history_bwd": self.amax_history_bwd.clone(),
                 "scale_fwd": self.scale_fwd.clone(), "scale_bwd": self.scale_bwd.clone(),
-                "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone()}
+                "scale_inv_fwd": self.scale_inv_fwd.clone(), "scale_inv_bwd": self.scale_inv_bwd.clone(),
+                "skipped_updates_fwd": self._skipped_fwd.clone(),
+                "skipped_updates_bwd": self.skipped_bwd.clone()}
 
     def load_dict(self, d: dict) -> None:
         if _DEFERRED:
@@ -446,6 +593,10 @@ class RecipeState:
         for name in ("scale_fwd", "scale_bwd", "scale_inv_fwd", "scale_inv_bwd"):
             if name in d and d[name].shape == getattr(self, name).shape:
                 getattr(self, name).copy_(d[name])
+        for name, dst in (("skipped_updates_fwd", self._skipped_fwd),
+                          ("skipped_updates_bwd", self.skipped_bwd)):
+            if name in d and d[name].shape == dst.shape:
+                dst.copy_(d[name])
         for name in ("amax_history_fwd", "amax_history_bwd"):
             if name in d:
                 src, dst = d[name], getattr(self, name)
@@ -456,8 +607,11 @@ class RecipeState:
 
 
 def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor,
-                          scale_inv: torch.Tensor, fp8_max: float, power_2: bool) -> None:
-    """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero.
+                          scale_inv: torch.Tensor, fp8_max: float, power_2: bool,
+                          skipped: Optional[torch.Tensor] = None) -> None:
+    """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero. A
+    non-finite amax keeps the scale as it was (the last finite one) and adds one to `skipped`
+    (int32 [1], optional), as the delayed-scaling update does.
 
     Every path computes it the same way on a device, so eager, fast-path and compiled runs cast
     with the same bits: on the native core the amax kernel, then the delayed-scaling update
@@ -466,10 +620,15 @@ def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tens
     from . import kernels
     kernels.compute_amax(x, amax)
     if not power_2 and native.use_native(x):
-        kernels.delayed_scaling_update([(amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)],
-                                   "most_recent", 0.0)
+        group = (amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)
+        kernels.delayed_scaling_update([group + ((skipped.view(1),) if skipped is not None else ())],
+                                       "most_recent", 0.0)
         return
-    scale.copy_(scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2))
+    finite = torch.isfinite(amax)
+    scale.copy_(torch.where(finite, scale_from_amax(amax, torch.full_like(amax, fp8_max), power_2),
+                            scale))
+    if skipped is not None:
+        skipped.add_((~finite).to(skipped.dtype))
     amax.zero_()
 
 
@@ -574,14 +733,13 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
                 desc, code, float(recipe.margin), native.stream_handle(states[0].device.index))
         return
     for fwd in directions:
-        if fwd:
-            groups = [(s._amax_history_fwd, s._scale_fwd, s._scale_inv_fwd, s.fwd_max) for s in states]
-        else:
-            groups = [(s.amax_history_bwd, s.scale_bwd, s.scale_inv_bwd, s.bwd_max) for s in states]
+        groups = [s._groups()[0 if fwd else 1] for s in states]
         groups = [g for g in groups if g[0].shape[1] > 0]
         if groups:
             from .kernels import delayed_scaling_update
             delayed_scaling_update(groups, recipe.amax_compute_algo, float(recipe.margin))
+    for s in states:
+        s.warn_if_skipped_on_cpu()
 
 
 # Steps whose forward update waits for their last backward (see the module docstring).
@@ -598,3 +756,107 @@ def flush_deferred_updates() -> None:
 
 
 _ALGO_CODE = {"max": 0, "most_recent": 1}
+
+
+# ----- NVIDIA TE's class-method view of the autocast state ---------------------------------------
+
+class FP8GlobalStateManager:
+    """Class methods over the process-wide FP8 state (no instances)."""
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return FP8GlobalState.enabled
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return FP8GlobalState.calibrating
+
+    @classmethod
+    def with_fp8_parameters(cls) -> bool:
+        """Whether modules built now keep FP8-only weights (inside quantized_model_init)."""
+        return FP8GlobalState.model_init
+
+    @classmethod
+    def with_high_precision_init_val(cls) -> bool:
+        return FP8GlobalState.model_init_keep_hp
+
+    @classmethod
+    def fp8_graph_capturing(cls) -> bool:
+        """Whether FP8 is on while the current CUDA stream is being captured into a graph."""
+        return (FP8GlobalState.enabled and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing())
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        """True inside an autocast until the first FP8 module of its outermost context ran."""
+        return FP8GlobalState.is_first_fp8_module()
+
+    @classmethod
+    def get_fp8_recipe(cls):
+        """The recipe of the current autocast, else the default recipe."""
+        s = FP8GlobalState
+        return s.recipe if s.recipe is not None else get_default_recipe()
+
+    @classmethod
+    def get_fp8_group(cls):
+        return FP8GlobalState.group
+
+    @classmethod
+    def get_autocast_state(cls) -> Tuple:
+        s = FP8GlobalState
+        return (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase)
+
+    @classmethod
+    def set_autocast_state(cls, state: Tuple) -> None:
+        s = FP8GlobalState
+        (s.enabled, s.calibrating, s.recipe, s.group, s.depth, s.step, s.recompute_phase) = state
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to no autocast and no model-init context; pending updates are run first."""
+        flush_deferred_updates()
+        s = FP8GlobalState
+        s.enabled = s.calibrating = False
+        s.recipe = s.group = s.step = None
+        s.depth = 0
+        s.recompute_phase = 0
+        s.model_init, s.model_init_recipe, s.model_init_keep_hp = False, None, False
+
+    @classmethod
+    def is_fp8_available(cls) -> Tuple[bool, str]:
+        return check_fp8_support()
+
+    @classmethod
+    def is_mxfp8_available(cls) -> Tuple[bool, str]:
+        return check_mxfp8_support()
+
+    @classmethod
+    def is_fp8_block_scaling_available(cls) -> Tuple[bool, str]:
+        return check_fp8_block_scaling_support()
+
+    @classmethod
+    def is_nvfp4_available(cls) -> Tuple[bool, str]:
+        return check_nvfp4_support()
+
+    @staticmethod
+    def get_fp8_torch_dtype(recipe, fprop_tensor: bool = True,
+                            device: Optional[torch.device] = None) -> torch.dtype:
+        return get_fp8_torch_dtype(recipe, fprop_tensor, device)
+
+
+def get_fp8_torch_dtype(recipe, fprop_tensor: bool = True,
+                        device: Optional[torch.device] = None) -> torch.dtype:
+    """The torch FP8 dtype a recipe uses for forward (fprop_tensor) or backward tensors on a
+    device (default: the current GPU, else OCP)."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    fmt = recipe.fp8_format.value
+    return getattr(torch, fp8_formats.fp8_dtype_name(fmt.fwd if fprop_tensor else fmt.bwd,
+                                                     _flavor(torch.device(device))))
+
+
+def get_fp8_max(recipe, fprop_tensor: bool = True, device: Optional[torch.device] = None) -> float:
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    fmt = recipe.fp8_format.value
+    return fp8_formats.fp8_max(fmt.fwd if fprop_tensor else fmt.bwd, _flavor(torch.device(device)))

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
-from .attention.context_parallel import set_context_parallel_group_of
+from .attention.dot_product_attention import set_context_parallel_group_of
+from .module._input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
+from .module._nv_options import check_off
 
 _OP = "TransformerLayer"
 
@@ -30,6 +32,8 @@ def _drop_path(x: torch.Tensor, rate: float, training: bool, batch_dim: int) -> 
     """Stochastic depth: drop the whole branch of a sample with probability `rate`."""
     if rate <= 0.0 or not training:
         return x
+    if rate >= 1.0:
+        return x * 0.0  # every sample's branch dropped (no rescale: 1 - rate is 0)
     shape = [1] * x.dim()
     shape[batch_dim] = x.shape[batch_dim]
     keep = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - rate)
@@ -37,7 +41,123 @@ def _drop_path(x: torch.Tensor, rate: float, training: bool, batch_dim: int) -> 
 
 
 class TransformerLayer(torch.nn.Module):
-    """NVIDIA TE's TransformerLayer arguments; see the module docstring for the block structures."""
+    """One Transformer encoder or decoder block: attention and MLP with residual connections.
+
+    Pre-norm by default (GPT, Llama): ``h = x + drop(attn(norm(x)))``, for a decoder then
+    ``h = h + drop(cross_attn(norm(h), encoder_output))``, and ``out = h + drop(mlp(norm(h)))``.
+    ``apply_residual_connection_post_layernorm`` and ``output_layernorm`` give the post-norm
+    (BERT) variants, ``parallel_attention_mlp`` the parallel one (GPT-J, Falcon):
+    ``out = x + drop(attn(norm1(x)) + mlp(norm2(x)))``. ``drop`` is dropout
+    (``hidden_dropout``) followed by stochastic depth (``drop_path_rate``). All GEMMs run in FP8
+    under :func:`autocast`.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Size of the last dimension of the input and of the output.
+    ffn_hidden_size : int
+        Intermediate size of the MLP.
+    num_attention_heads : int
+        Number of query heads, over all tensor-parallel ranks.
+    num_gqa_groups : int, optional
+        Number of key/value heads for grouped-query attention (1 is multi-query attention). Must
+        divide ``num_attention_heads``. ``None`` (default) means one per query head.
+    layernorm_epsilon : float, default 1e-5
+        Epsilon of every norm in the block.
+    hidden_dropout : float, default 0.1
+        Dropout probability on the output of the attention and of the MLP, in [0, 1).
+    attention_dropout : float, default 0.1
+        Dropout probability applied to the attention probabilities during training, in [0, 1).
+    init_method : callable, optional
+        Called as ``init_method(weight)`` to initialise each weight in place. Default: normal with
+        mean 0 and standard deviation 0.023.
+    output_layer_init_method : callable, optional
+        Initialises the output projections (attention output, FC2) (default: as ``init_method``).
+    layer_number : int, optional
+        Index of the layer in the model (from 1); it keys this layer's entries in the KV cache of
+        ``inference_params`` and is required when one is used.
+    kv_channels : int, optional
+        Head dimension (default ``hidden_size // num_attention_heads``).
+    self_attn_mask_type : str, default 'causal'
+        Mask type of the self-attention (see :class:`DotProductAttention`).
+    window_size : tuple of (int, int), optional
+        Sliding-window attention: each query sees keys from ``left`` positions before it to
+        ``right`` after it; -1 means unbounded on that side. ``None`` (default) is no window
+        (``(-1, 0)`` under a causal mask).
+    enc_dec_attn_mask_type : str, default 'no_mask'
+        Mask type of the cross-attention of a decoder layer.
+    enc_dec_window_size : tuple of (int, int), optional
+        Sliding window of the cross-attention.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel process group. ``None`` (default) means no tensor parallelism.
+    tp_size : int, default 1
+        Number of ranks in ``tp_group``; taken from the group when one is given. Any
+        ``torch.distributed`` backend (NCCL on NVIDIA, RCCL on AMD, gloo on the CPU).
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``): float32, bfloat16 or
+        float16. The compute dtype follows the input (or ``torch.autocast``).
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; weight initialisation and dropout fork it so
+        that tensor-parallel ranks draw different numbers.
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate weight gradients into ``weight.main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    seq_length : int, optional
+        Sequence length, recorded for compatibility (shapes are taken from the input).
+    micro_batch_size : int, optional
+        Micro-batch size, recorded for compatibility.
+    sequence_parallel : bool, default False
+        With tensor parallelism (``tp_size > 1``), the input and output of the module are split
+        along the sequence dimension across the tensor-parallel group, and the module gathers or
+        reduce-scatters them around its GEMMs. Has no effect when ``tp_size`` is 1.
+    apply_residual_connection_post_layernorm : bool, default False
+        Each residual connection starts at the norm's output instead of its input.
+    output_layernorm : bool, default False
+        Post-norm: no norm before the attention, a final norm after the block.
+    parallel_attention_mlp : bool, default False
+        Compute attention and MLP from the same input in parallel and add both (encoder layers
+        without ``output_layernorm`` only).
+    layer_type : {'encoder', 'decoder'}, default 'encoder'
+        A decoder layer adds cross-attention to ``encoder_output``.
+    drop_path_rate : float, default 0.0
+        Stochastic depth: probability of dropping a sample's attention or MLP branch in
+        training, in [0, 1).
+    set_parallel_mode : bool, default False
+        With tensor parallelism, split the QKV projection by columns and the output projection by
+        rows over the group and FC1 by columns, FC2 by rows (the Megatron-style split).
+    fuse_qkv_params : bool, default False
+        Keep the query, key and value projections in one weight parameter (``qkv``) instead of
+        separate named parameters.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
+        precision formats; the output is ``... * (1 + gamma)``.
+    qkv_weight_interleaved : bool, default True
+        With ``fuse_qkv_params``, lay the fused weight out per head (q, k, v of head 0, then of
+        head 1, ...) rather than all queries, then all keys, then all values.
+    bias : bool, default True
+        Whether the projections have biases.
+    normalization : {'LayerNorm', 'RMSNorm'}, default 'LayerNorm'
+        The normalisation applied to the input.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    rotary_pos_interleaved : bool, default False
+        Rotary embeddings rotate adjacent pairs of channels (interleaved, GPT-J style) instead of
+        the two halves of the head dimension.
+    activation : str, default 'gelu'
+        The MLP activation (see :class:`LayerNormMLP` for the supported names).
+    attn_input_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of ``hidden_states``: ``[seq, batch, hidden]``, ``[batch, seq, hidden]`` or packed
+        ``[tokens, hidden]`` with ``cu_seqlens_q``/``cu_seqlens_kv``.
+    name : str, optional
+        A name for the module, used in debug logging only.
+    softmax_scale : float, optional
+        Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
+    **ignored_userbuffers_flags
+        Keyword arguments starting with ``ub_`` (NVIDIA TE's userbuffers communication overlap)
+        are accepted and ignored; any other unknown keyword raises TypeError.
+    """
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, num_attention_heads: int,
                  num_gqa_groups: Optional[int] = None, layernorm_epsilon: float = 1e-5,
@@ -57,11 +177,20 @@ class TransformerLayer(torch.nn.Module):
                  bias: bool = True, activation: str = "gelu", normalization: str = "LayerNorm",
                  device=None, attn_input_format: str = "sbhd", name: Optional[str] = None,
                  softmax_scale: Optional[float] = None, activation_params: Optional[dict] = None,
-                 **ignored_userbuffers_flags):
+                 bottom_right_diagonal: Optional[bool] = None,
+                 enc_dec_bottom_right_diagonal: Optional[bool] = None,
+                 ub_tp_comm_overlap: bool = False, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 qk_norm_type: Optional[str] = None, qk_norm_eps: float = 1e-6,
+                 qk_norm_before_rope: bool = False, softmax_type: str = "vanilla"):
         super().__init__()
-        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
-        if bad:
-            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        check_off(_OP, ub_tp_comm_overlap=ub_tp_comm_overlap, ub_overlap_ag=ub_overlap_ag,
+                  ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+                  ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+                  bottom_right_diagonal=bottom_right_diagonal,
+                  enc_dec_bottom_right_diagonal=enc_dec_bottom_right_diagonal,
+                  qk_norm_type=qk_norm_type, softmax_type=softmax_type)
         if layer_type not in ("encoder", "decoder"):
             raise ValueError(f"{_OP}: layer_type is {layer_type!r}; expected 'encoder' or 'decoder'")
         if parallel_attention_mlp and (layer_type == "decoder" or output_layernorm):
@@ -69,9 +198,10 @@ class TransformerLayer(torch.nn.Module):
                              "output_layernorm=False only")
         if normalization not in ("LayerNorm", "RMSNorm"):
             raise ValueError(f"{_OP}: normalization is {normalization!r}; expected LayerNorm or RMSNorm")
-        for name_, p in (("hidden_dropout", hidden_dropout), ("drop_path_rate", drop_path_rate)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{_OP}: {name_} is {p}; expected [0, 1)")
+        if not 0.0 <= hidden_dropout < 1.0:
+            raise ValueError(f"{_OP}: hidden_dropout is {hidden_dropout}; expected [0, 1)")
+        if not 0.0 <= drop_path_rate <= 1.0:
+            raise ValueError(f"{_OP}: drop_path_rate is {drop_path_rate}; expected [0, 1]")
         if attn_input_format not in ("sbhd", "bshd", "thd"):
             raise ValueError(f"{_OP}: attn_input_format is {attn_input_format!r}; expected sbhd, bshd or thd")
         self.layer_type, self.output_layernorm = layer_type, output_layernorm
@@ -156,6 +286,79 @@ class TransformerLayer(torch.nn.Module):
                 inference_params=None, rotary_pos_emb=None, core_attention_bias_type: str = "no_bias",
                 core_attention_bias=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                 max_seqlen_q=None, max_seqlen_kv=None, fast_zero_fill: bool = True) -> torch.Tensor:
+        """Apply the block to ``hidden_states``.
+
+        Parameters
+        ----------
+        hidden_states : torch.Tensor
+            Input in the layout ``attn_input_format``, float32, bfloat16 or float16.
+        attention_mask : torch.Tensor or tuple of torch.Tensor, optional
+            For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
+            ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
+            ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
+        self_attn_mask_type : str, optional
+            Overrides the constructor's self-attention mask type for this call.
+        window_size : tuple of (int, int), optional
+            Overrides the constructor's window for this call.
+        encoder_output : torch.Tensor, optional
+            The encoder's output, attended to by a decoder layer's cross-attention.
+        enc_dec_attn_mask : torch.Tensor, optional
+            Mask of the cross-attention (see ``attention_mask``).
+        enc_dec_attn_mask_type : str, optional
+            Overrides the constructor's cross-attention mask type for this call.
+        enc_dec_window_size : tuple of (int, int), optional
+            Overrides the cross-attention's window for this call.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
+            (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
+            weight on every call.
+        checkpoint_core_attention : bool, default False
+            Recompute the attention in the backward pass instead of saving its intermediate results
+            (activation checkpointing of the core attention only).
+        inference_params : InferenceParams, optional
+            A KV cache for incremental decoding: the call's keys and values are appended to this
+            layer's cache (keyed by ``layer_number``) and attention runs over all cached tokens.
+            Supported with ``'sbhd'`` and ``'bshd'``.
+        rotary_pos_emb : torch.Tensor or tuple of torch.Tensor, optional
+            Rotary position embedding frequencies ``[seq, 1, 1, dim]`` from
+            :class:`RotaryPositionEmbedding`, applied to queries and keys (a pair applies the first
+            to
+            the queries and the second to the keys).
+        core_attention_bias_type : {'no_bias', 'post_scale_bias'}, default 'no_bias'
+            ``'post_scale_bias'`` adds ``core_attention_bias`` to the scaled scores before the
+            softmax. The ALiBi types of NVIDIA TE are not implemented (NotImplementedError).
+        core_attention_bias : torch.Tensor, optional
+            The bias, broadcastable to ``[batch, heads, seq_q, seq_kv]``.
+        alibi_slopes : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        cu_seqlens_q : torch.Tensor, optional
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
+            tensors' device; required with ``'thd'`` and accepted with padding mask types.
+        cu_seqlens_kv : torch.Tensor, optional
+            The same for keys and values (default: ``cu_seqlens_q``).
+        max_seqlen_q : int, optional
+            Longest query sequence in the batch (derived from ``cu_seqlens_q`` when omitted; passing
+            it avoids a device-to-host copy).
+        max_seqlen_kv : int, optional
+            Longest key/value sequence in the batch.
+        fast_zero_fill : bool, default True
+            Accepted for compatibility; outputs at padded query positions are always zero.
+
+        Returns
+        -------
+        torch.Tensor
+            The block's output, of the input's shape.
+        """
+        kind = hidden_states.device.type
+        if torch.is_autocast_enabled(kind):
+            # the residual stream in the autocast dtype too, so the block's output is in it
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(kind))
         want_ln_out = self.post_ln_residual and not self.output_layernorm
         fused = self._residual_in_gemms()
         attn = self.self_attention(
@@ -192,3 +395,6 @@ class TransformerLayer(torch.nn.Module):
         if self.output_layernorm:
             out = self.layernorm(out)
         return out
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "hidden_states", torch.nn.Module.__call__, args, kwargs)

@@ -101,7 +101,8 @@ inline ffi::Error describe_error(const Describer& d) {
 #define TE_JAX_HANDLERS(X)                                                                     \
   X(te_quantize_ffi) X(te_cast_transpose_ffi) X(te_norm_fwd_ffi) X(te_norm_bwd_ffi)            \
   X(te_activation_ffi) X(te_dactivation_ffi) X(te_dbias_dactivation_ffi) X(te_softmax_fwd_ffi) \
-  X(te_softmax_bwd_ffi) X(te_gemm_ffi) X(te_delayed_scaling_update_ffi)
+  X(te_softmax_bwd_ffi) X(te_gemm_ffi) X(te_delayed_scaling_update_ffi) X(te_attention_fwd_ffi) \
+  X(te_attention_bwd_ffi)
 
 #define TE_JAX_DECLARE_(name) extern "C" XLA_FFI_Error* name(XLA_FFI_CallFrame* call_frame);
 TE_JAX_HANDLERS(TE_JAX_DECLARE_)

@@ -27,48 +27,41 @@
 // issue loads nor wait on global memory, and dQ's additions leave their critical path.
 // convert_dq_sums writes dq afterwards.
 //
+// Shared memory changes hands only at named barriers and mbarriers, and each thread that
+// accessed a buffer arrives itself (see the barriers in the kernel), so compute-sanitizer's
+// racecheck follows every hand-over. It needs room for the block's mbarriers
+// (--num-cuda-barriers, .ci/gpu_verify.sh): with too small a table it loses them and reports
+// hazards on hand-overs that the mbarriers order.
+//
 // H100 (NVIDIA H100 80GB HBM3), bf16, backward TFLOP/s (2.5x the forward's FLOPs; delta pass,
 // kernel and dq conversion), full / causal, python3 benchmarks/bench_attention.py --quick
-// --filter kernels, SDPA cuDNN in the same run, after test_attention_kernels.py +
-// test_attention.py (304 passed) and the C API attention tests (4/4) in the same build:
-//   4x32x4096x128   318 / 306  (cuDNN 507 / 426: 0.63 / 0.72)   session 10: 314 / 293
-//   1x32x16384x128  343 / 347  (cuDNN 521 / 512: 0.66 / 0.68)   session 10: 331 / 329
-//   8x16x2048x64    286 / 206  (cuDNN 409 / 304: 0.70 / 0.68)   session 10: 235 / 171
-// What moved d = 64, kernel alone in a standalone harness (.exp, not committed; same H100,
-// kernel TFLOP/s, three rounds each, full / causal; SDPA cuDNN backward 401 / 299 there):
-//   session 10's kernel                                       242-247 / 188-189
-//   + the exponentials of unmasked tiles as straight-line code 268 / 219-220
-//     (folded into the masked loop, each element compiled to a branch around its ex2: ~140
-//     BSSY / BSYNC pairs in the loop)
-//   + shared memory addressed from smem_raw, so LDS / STS
-//     (the integer-aligned pointer gave generic LD / ST)      283 / 225-232
-//   + SPLIT_DQ, grouped order, 3 stages                       292 / 230-238
-//   + 2 stages instead of 3 (kept)                            302 / 228-236
-//   SPLIT_DQ without the grouped order (an earlier harness run, two rounds): full 287-288,
-//   causal 223-225, no causal gain: there the grid's tail is what grouping removes (~5% by a
-//   list-scheduling estimate of 128 heads x 16 key tiles on 132 SMs).
-// d = 128 in that harness (4x32x4096 and 1x32x16384, full / causal): the straight-line
-// exponentials ran 6-10% slower (291-308 vs 326-342 / 285-325 vs 314-358; cause not
-// established), so d = 128 keeps the masked loop (STRAIGHT_EXP off); shared-memory addressing
-// and the grouped order are within noise for full and +1-4% causal; SPLIT_DQ at d = 128 (one
-// dS^T tile, 64-register partial) 305-337 / 293-345: not taken.
-// The split form's two roles at the end of a step differ only by predicates: with an if/else
-// around the stores ptxas spilled ~120 bytes in the loop.
-// Earlier history (session 9: one 256-thread block per key tile that loaded its own stages and
-// added dQ with red.global.add.v2): 239-251 / 232-270 at d = 128, and d = 64 ran the mma.sync
-// kernel (184-187 / 147). Session 10's variants: d = 128 with 2 stages 286-298 / 268-312, with
-// 3 stages 315-333 / 294-340, 2 stages without the dQ reduction (a wrong dQ) 337-355 / 302-352:
-// the reduction still cost ~15% at 2 stages, the third stage won most of it back.
-// Not tried yet: a persistent grid prefetching the next key block's K / V during the last
-// steps (at d = 64 a block walks 16 tiles full, ~8.5 causal), a d = 64 shape with two blocks
-// an SM (one MMA warpgroup of 64 keys: BQ = 128 needs ~115 KiB a block, just over half the SM;
+// --filter kernels, SDPA cuDNN in the same run, in a build that passed test_attention_kernels.py
+// + test_attention.py (304 passed), the C API attention tests (4/4) and compute-sanitizer's four
+// tools over them (no finding in this library):
+//   4x32x4096x128   316 / 307  (cuDNN 506 / 425: 0.62 / 0.72)
+//   1x32x16384x128  341 / 337  (cuDNN 511 / 497: 0.67 / 0.68)
+//   8x16x2048x64    278 / 207  (cuDNN 401 / 303: 0.69 / 0.68)
+// The choices, each measured with the kernel alone in a standalone harness on the H100:
+// - d = 64: the exponentials of unmasked tiles as straight-line code, +9-16% (folded into the
+//   masked loop, each element compiled to a branch around its ex2: ~140 BSSY / BSYNC pairs);
+//   shared memory addressed from smem_raw, so LDS / STS instead of generic LD / ST, +3-6%;
+//   SPLIT_DQ with the grouped order, +3% (without the grouped order no causal gain: there the
+//   grid's tail is what grouping removes); 2 stages rather than 3, +3% full.
+// - d = 128: the straight-line exponentials ran 6-10% slower (cause not established), so it
+//   keeps the masked loop (STRAIGHT_EXP off); SPLIT_DQ (one dS^T tile, 64-register partial) was
+//   no faster; 3 stages rather than 2, ~+10% (the dQ reduction costs ~15% at 2 stages).
+// - The split form's two roles at the end of a step differ only by predicates: with an if/else
+//   around the stores ptxas spilled ~120 bytes in the loop.
+// - A whole producer warpgroup: a block of 288 threads (one producer warp, no setmaxnreg) also
+//   gets only 168 registers a thread (per-SM-quarter allocation), and the MMA warpgroups then
+//   spill ~900 bytes.
+// Not faster (the form without a producer warp): red.global.add.v4, one bulk reduction per
+// piece issued by the MMA warpgroups themselves, two-CTA clusters summing pieces through
+// distributed shared memory, keeping a step's dQ product in flight into the next step.
+// Not tried yet: a persistent grid prefetching the next key block's K / V during the last steps
+// (at d = 64 a block walks 16 tiles full, ~8.5 causal), a d = 64 shape with two blocks an SM
+// (one MMA warpgroup of 64 keys: BQ = 128 needs ~115 KiB a block, just over half the SM;
 // BQ = 64 doubles the Q / dO and dQ traffic per FLOP).
-// Tried before and not faster (the form without a producer warp): red.global.add.v4, one bulk
-// reduction per piece issued by the MMA warpgroups themselves, two-CTA clusters summing pieces
-// through distributed shared memory, keeping a step's dQ product in flight into the next step.
-// Why a whole producer warpgroup: a block of 288 threads (one producer warp, no setmaxnreg)
-// also gets only 168 registers a thread (per-SM-quarter allocation), and the MMA warpgroups
-// then spill ~900 bytes.
 #include "attention/portable_wgmma.cuh"
 #include "util/error.h"
 
@@ -243,8 +236,12 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   float* dq_s = reinterpret_cast<float*>(smem + Shape::kDq);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Shape::kBars);
   uint64_t* full = bars;                 // stage st loaded: the producer warp's 32 lanes
-  uint64_t* empty = bars + STAGES;       // stage st read: the 8 MMA warps
-  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 8 MMA warps (split: 4 of wg 1)
+  // every thread that read a stage or wrote the dQ tile arrives itself: each of its accesses
+  // is then ordered before the producer's next write / read by its own release (one arrival a
+  // warp after __syncwarp orders them too, through the warp barrier's memory ordering; one per
+  // thread needs no such chain, for a reader or a checking tool)
+  uint64_t* empty = bars + STAGES;       // stage st read: the 256 MMA threads
+  uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 256 MMA threads (split: wg 1's)
   uint64_t* dq_empty = dq_full + 1;       // dQ tile read by the reduction: the producer
 
   // 1D grid of k_tiles x pairs blocks in grouped order (grouped_pairs): group, then key tile,
@@ -263,9 +260,9 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(full + st, tc::kLanes);
-      mbar_init(empty + st, Shape::NT_MMA / tc::kLanes);
+      mbar_init(empty + st, Shape::NT_MMA);
     }
-    mbar_init(dq_full, (Shape::SPLIT_DQ ? wgmma::kWarpgroup : Shape::NT_MMA) / tc::kLanes);
+    mbar_init(dq_full, Shape::SPLIT_DQ ? wgmma::kWarpgroup : Shape::NT_MMA);
     mbar_init(dq_empty, 1);
   }
   __syncthreads();
@@ -553,8 +550,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::pin(dv);
     wgmma::pin(p);
     wgmma::pin(ds);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + st);  // this warp is done with the stage
+    mbar_arrive(empty + st);  // this thread is done with the stage
     // split: warpgroup 1 adds its partial to the one warpgroup 0 stored. The two roles differ
     // only by predicates (no branch around the stores: two code paths here cost the register
     // allocator ~30 spilled registers in the loop)
@@ -565,9 +561,8 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     if constexpr (Shape::SPLIT_DQ) barrier_sync_if(5, Shape::NT_MMA, adds);
     store_dq(dq, adds);
     wgmma::fence_async_shared();  // the dQ tile, visible to the bulk reduction
-    __syncwarp();
     if constexpr (Shape::SPLIT_DQ) barrier_arrive_if(5, Shape::NT_MMA, !adds);
-    if (lane == 0 && (adds || !Shape::SPLIT_DQ)) mbar_arrive(dq_full);
+    if (adds || !Shape::SPLIT_DQ) mbar_arrive(dq_full);
   }
   tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(dk),
                       static_cast<T*>(a.dk) + kv_head, a.kv_tok_stride, k0 + key_row0, geo.lk,

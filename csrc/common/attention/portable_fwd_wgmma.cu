@@ -10,70 +10,42 @@
 //   issue S_t = Q K_t^T and O += P_{t-1} V_{t-1}   (asynchronous, in this order)
 //   wait for S_t; online softmax of S_t in fp32 registers, the row maxima's rescale factor
 //   alpha_t (exp2, the scale folded into one FMA)
-//   wait for the P V product; O *= alpha_t (skipped by a warp whose row maxima all stayed);
+//   wait for the P V product; O *= alpha_t (skipped by a warpgroup whose row maxima all stayed)
 //   pack P_t to 16 bits (the A operand of the next P V)
-// so the exponentials of tile t run while the tensor cores still multiply tile t - 1.
-// Scheduling (session 10): the grid is one-dimensional, query tiles heaviest first (the late
-// ones of a causal mask) across groups of 8 (sequence, head) pairs, so the last blocks to start
-// are short ones; a warpgroup stops issuing products after its own last visible key tile (the
-// diagonal block's fully masked tiles of the early warpgroups) and only keeps taking part in
-// the copies. The softmax statistics (LSE) are written in the layout the backward reads.
+// so the exponentials of tile t run while the tensor cores still multiply tile t - 1. ptxas
+// schedules a wgmma wait freely inside its basic block (at the top of the softmax, before the
+// first max) and gives a second fragment set the registers the product still reads, so the wait
+// for P_{t-1} V_{t-1} sits after the rescale branch (a block boundary) and P_t is packed after
+// it: in the SASS all 34 MUFU.EX2 of a tile (32 scores, 2 rescale factors) come before the
+// WARPGROUP.DEPBAR.
+// Every wgmma.fence / mma_async / commit_group / wait_group runs in all four warps of a
+// warpgroup at the same instruction (.aligned; synccheck checks it): the conditions around them
+// are equal across the warpgroup, the rescale skip by one bar.red.or vote of its 128 threads
+// (wgmma::warpgroup_any), the tile skip by a key bound computed from the warpgroup's rows.
+// The mask of a partly visible tile is a per-row key interval (two compares and a select per
+// element), and every shared-memory pointer is an offset from smem_raw (LDS / STS, no
+// generic-to-shared conversions in the loop).
+// Scheduling: the grid is one-dimensional, query tiles heaviest first (the late ones of a causal
+// mask) across groups of 8 (sequence, head) pairs, so the last blocks to start are short ones; a
+// warpgroup stops issuing products after its own last visible key tile (the diagonal block's
+// fully masked tiles of the early warpgroups) and only keeps taking part in the copies. The
+// softmax statistics (LSE) are written in the layout the backward reads.
 //
-// Session 10, H100, bf16, forward TFLOP/s against SDPA cuDNN in the same run (session 9's
-// kernel in brackets, from an earlier run of the session): 4x32x4096x128 full 398 / 569 = 0.70
-// (397), causal 354 / 522 = 0.68 (329); 1x32x16384x128 full 408 / 602 = 0.68 (416), causal
-// 400 / 573 = 0.70 (391); 8x16x2048x64 (two blocks an SM, see the shapes) full 282 / 445 =
-// 0.64 (263), causal 234 / 375 = 0.62 (204). The grouped order alone gave the causal D = 128
-// rows +3%, the tile skip the rest. Dropped: groups of 16 (no better); the tile skip without
-// the conditional rescale (ptxas serialised the products, C7513: -10 to -20%). Not tried:
-// heaviest first over all heads at once (reasoned out: 128 heads' K and V streamed at once,
-// with no L2 reuse); a producer warp with TMA and mbarriers instead of cp.async by every
-// thread and a __syncthreads a tile (the next step for D = 64, whose softmax shares the SM
-// with the products the most).
-//
-// Session 11: that overlap was not happening. In the SASS of session 10's kernel (cuobjdump
-// -sass of an sm_90a build) the wait for P_{t-1} V_{t-1} (WARPGROUP.DEPBAR.LE gsb0, 0x0) sat at
-// the top of the softmax, before the first FMNMX: ptxas schedules the wait freely inside its
-// basic block, and P_t was packed into a second fragment set that it gave the registers of
-// P_{t-1} (the set the product still read). Now the wait sits after the rescale branch (a block
-// boundary) and P_t is packed after it; the SASS then shows all 34 MUFU.EX2 of a tile (32
-// scores, 2 rescale factors) before the wait. Also: the mask of a partly visible tile as a
-// per-row key interval (compares and a select; visible()'s early returns put a branch around
-// every element: 132 BSSY in the kernel, now 35), and smem derived from smem_raw by an offset
-// (the forward had no generic LD / ST; the change dropped the loop's generic-to-shared
-// conversions, 21 S2UR -> 5, ~60 instructions).
-// H100 (NVIDIA H100 80GB HBM3, device tool), bf16, forward TFLOP/s:
-// - library, .ci/gpu_verify.sh (SKIP_PIP=1 NVTE_CUDA_ARCHS=90a, test_attention_kernels.py +
-//   test_attention.py: 304 passed; C API attention tests 4/4), then python3
-//   benchmarks/bench_attention.py --quick --filter kernels in the same build, ours / SDPA cuDNN
-//   in the same run (the first of two such calls in brackets):
-//     4x32x4096x128   full 407 / 620 = 0.66 (0.65)   causal 366 / 608 = 0.60 (373 / 602 = 0.62)
-//     8x16x2048x64    full 285 / 460 = 0.62 (0.62)   causal 258 / 377 = 0.68 (0.69)
-//     1x32x16384x128  full 409 / 637 = 0.64 (0.66)   causal 433 / 588 = 0.74 (0.72)
-//   (a run of session 10's kernel before this change, full / causal: 400 / 367, 269 / 234,
-//   396 / 415, i.e. 0.61 / 0.61, 0.59 / 0.62, 0.63 / 0.71)
-// - the kernel alone (a scratch harness built from the same sources, medians of three rounds,
-//   run in the second call before the library build), session 10's file -> this one, SDPA
-//   cuDNN's forward in brackets: 4x32x4096x128 full 349 -> 403 (667), causal 361 -> 353 (609;
-//   rounds 342-366 against 345-378: no change); 8x16x2048x64 294 -> 302 (464), 234 -> 251
-//   (373); 1x32x16384x128 416 -> 424 (612), 394 -> 409 (600). Variants in that run, not
-//   taken (the bar: +2% in every row of the head dim; full / causal at 4x32x4096, 1x32x16384
-//   or 8x16x2048): three K / V stages (STAGES = 3) D = 128 407 / 364, 422 / 427 (worst row
-//   -0.5%, the causal rows +3-4%: the next candidate for D = 128 causal, not yet through the
-//   library tests), D = 64 295 / 247; turns D = 128 398 / 366, 407 / 421, D = 64 301 / 250;
-//   D = 128 as 2 warpgroups x 128 keys 353 / 332, 371 / 372, with turns 368 / 358, 392 / 396.
-//   The backward's other lead, straight-line exponentials for unmasked tiles, was already the
-//   forward's form (the mask is a separate pass before one exponential loop).
-// Then taken (session 11, coordinator): three K / V stages at D = 128 (144 KiB of shared memory,
-// still one block an SM; 156 registers, no spills). Library build with it, same H100, after
-// test_attention_kernels.py + test_attention.py (304 passed) and the C API tests (35/35) in the
-// same call, bench_attention.py --quick --filter kernels, ours / SDPA cuDNN: 4x32x4096x128 full
-// 408 / 646 = 0.63, causal 379 / 603 = 0.63 (was 366-373, 0.60-0.62); 1x32x16384x128 full
-// 402 / 635 = 0.63, causal 427 / 585 = 0.73; 8x16x2048x64 (unchanged, 2 stages) 278 / 450 =
-// 0.62, 258 / 370 = 0.70.
-// Likely the next limit (not measured): every tile ends in a __syncthreads of all warpgroups
-// (the copies by every thread), so their softmaxes line up instead of overlapping each other's
-// products; a producer warp with mbarriers (as in the backward) would let them drift.
+// H100 (NVIDIA H100 80GB HBM3), bf16, forward TFLOP/s, ours / SDPA cuDNN in the same run:
+// python3 benchmarks/bench_attention.py --quick --filter kernels, in a build (NVTE_CUDA_ARCHS=90a)
+// that passed test_attention_kernels.py + test_attention.py (304 passed), the C API attention
+// tests (4/4) and compute-sanitizer's four tools over them (no finding in this library):
+//   4x32x4096x128   full 388 / 585 = 0.66   causal 349 / 548 = 0.64
+//   8x16x2048x64    full 273 / 458 = 0.60   causal 250 / 376 = 0.67
+//   1x32x16384x128  full 383 / 610 = 0.63   causal 404 / 592 = 0.68
+// Measured on the H100 and not taken (the bar: +2% in every row of the head dim): turns between
+// the warpgroups (named barriers, so that one softmax runs while the others' products do), at
+// both head dims; D = 128 as 2 warpgroups x 128 keys, with or without turns; groups of 16 pairs;
+// the tile skip without the conditional rescale (ptxas then serialises the products, C7513).
+// Not tried: heaviest first over all heads at once (128 heads' K and V streamed at once, no L2
+// reuse). Likely the next limit: every tile ends in a __syncthreads of all warpgroups (the
+// copies by every thread), so their softmaxes line up instead of overlapping each other's
+// products; a producer warp with TMA and mbarriers (as in the backward) would let them drift.
 #include "attention/portable_wgmma.cuh"
 #include "util/error.h"
 
@@ -113,18 +85,15 @@ struct WgmmaFwdShapeOf {
   // 8-row atoms 1024 bytes apart
   static constexpr uint32_t kVLead = uint32_t(BK) * wgmma::kRowBytes, kVStride = 1024;
 };
-// Shapes, measured on an H100 (bf16, TFLOP/s, full / causal; D = 128 at 4x32x4096 and
-// 1x32x16384, D = 64 at 8x16x2048):
-//   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns, one block an SM: 64-key S tiles
-//            keep O, S and P within 168 registers (2 x 128 keys with turns: 366 / 342,
-//            383 / 380 against 391 / 360, 412 / 404; turns with 3 x 64 were slower in session 9
-//            too; session 11, with the softmax overlapping P V, see the header: still so).
-//   D = 64:  2 warpgroups, 64-key tiles, two blocks an SM (128 registers): 286 / 236 against
-//            255 / 203 for one block of 2 x 128 keys with turns (session 9's shape) and
-//            254 / 203 for 4 x 64 with turns; the two blocks never wait for each other, so one
-//            block's load waits, __syncthreads and prologue overlap the other's products
-//            (the same 2 x 64 x 2 blocks with turns: 282 / 232; one warpgroup a block, 4 blocks
-//            of 64 keys: 256 / 217; 2 blocks of 128 keys: 230 / 189).
+// Shapes, measured on an H100 (bf16; D = 128 at 4x32x4096 and 1x32x16384, D = 64 at 8x16x2048):
+//   D = 128: 3 warpgroups (192 rows), 64-key tiles, no turns, one block an SM, 3 K / V stages
+//            (144 KiB of shared memory; 158 registers, no spills): 64-key S tiles keep O, S and P
+//            within the registers; 2 x 128 keys, with or without turns, ran slower, and a third
+//            stage gained the causal rows 3-4%.
+//   D = 64:  2 warpgroups, 64-key tiles, two blocks an SM (120 registers): the two blocks never
+//            wait for each other, so one block's load waits, __syncthreads and prologue overlap
+//            the other's products; ahead of one block of 2 x 128 keys with turns, 4 x 64 with
+//            turns, one warpgroup a block, and 2 blocks of 128 keys.
 using WgmmaFwdShape128 = WgmmaFwdShapeOf<128, 3, 64, false, 1, 3>;
 using WgmmaFwdShape64 = WgmmaFwdShapeOf<64, 2, 64, false, 2, 2>;
 template <int D>
@@ -311,6 +280,17 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   auto pass_turn = [&] {
     if constexpr (Shape::TAKE_TURNS) wgmma::barrier_arrive(1 + (wg + 1) % NWG, kTurnThreads);
   };
+  // whether any row of this warpgroup needs its O rescaled: one answer for its four warps, on
+  // barrier kVote + wg (past the turns' barriers; constant ids let ptxas count them).
+  // __any_sync only tells the compiler that the answer is uniform across the warp.
+  constexpr int kVote = Shape::TAKE_TURNS ? 1 + NWG : 1;
+  static_assert(NWG == 2 || NWG == 3, "vote barriers for two or three warpgroups");
+  auto rescale_any = [&](bool mine) {
+    const bool any = wg == 0                ? wgmma::warpgroup_any(kVote, mine)
+                     : NWG == 2 || wg == 1 ? wgmma::warpgroup_any(kVote + 1, mine)
+                                           : wgmma::warpgroup_any(kVote + 2, mine);
+    return __any_sync(0xffffffffu, any);
+  };
   if (tiles > 0) {
     if (Shape::TAKE_TURNS && wg == NWG - 1) pass_turn();
     next_copies(0);
@@ -346,8 +326,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
       // WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of every MUFU.EX2), so the exponentials never
       // overlapped the P V product. A block boundary is what keeps it after them.
       // alpha is exactly 1 where the row max did not move (most tiles after the first few):
-      // the warp skips the multiply then (also keeps ptxas from serialising the products, C7513)
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      // the warpgroup skips the multiply then (also keeps ptxas from serialising the products,
+      // C7513). The branch holds a wait_group, so the whole warpgroup decides together
+      // (rescale_any); a warp's own vote let one warp wait here and another below.
+      if (rescale_any(alpha[0] != 1.f || alpha[1] != 1.f)) {
         wgmma::wait<0>();
         wgmma::pin(o);
 #pragma unroll

@@ -118,6 +118,21 @@ __device__ __forceinline__ void barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Whether `pred` holds for any thread of this warpgroup, the same answer in all its 128 threads
+// (bar.red.or over named barrier `id`, counted for one warpgroup). A branch that holds a
+// wgmma.fence / mma_async / commit_group / wait_group must be taken by the whole warpgroup
+// alike (.aligned); a warp's own vote (__any_sync) does not give that.
+__device__ __forceinline__ bool warpgroup_any(int id, bool pred) {
+  int any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
+      "selp.b32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(int(pred)), "r"(id), "n"(kWarpgroup)
+      : "memory");
+  return any != 0;
+}
+
 // The compiler sees an asynchronous product as done when it is issued; pinning its registers
 // here, after wait(), keeps every read of the results after the wait and every write of the
 // operands before the issue.

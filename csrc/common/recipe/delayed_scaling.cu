@@ -11,7 +11,9 @@
 namespace te {
 namespace {
 
-constexpr int kMaxGroupsPerLaunch = 64;  // 64 x 48 bytes stays well inside the 4 KB param limit
+// 56 groups of 56 bytes plus the prefix sums (3.6 KB) stay inside the 4 KB parameter limit
+// that HIP and older CUDA drivers keep.
+constexpr int kMaxGroupsPerLaunch = 56;
 // A step of a module or two has a few groups: a table that small keeps the launch's parameter
 // block (copied by the host on every launch) at a tenth of the large one's 3.6 KB.
 constexpr int kSmallTable = 4;

@@ -19,12 +19,23 @@ void launch_delayed_update(const NVTEScalingGroup* groups, int64_t num_groups, N
 // The threads walk the history in chunks of blockDim entries: each reads its entry's successor,
 // the block meets at a barrier, then each writes, so the roll by one row needs no scratch copy
 // whatever the history length. warp_max: one float per warp of shared memory.
+// A non-finite current amax (every thread reads the same h[0], so the branch is uniform) is
+// dropped: no roll, scale kept, row 0 cleared, the tensor's skip counter incremented.
 __device__ __forceinline__ void delayed_update_tensor(const NVTEScalingGroup& grp, int64_t j,
                                                       bool most_recent, float margin_pow2,
                                                       float* warp_max) {
   const int64_t n = grp.num_tensors, len = grp.history_len;
   float* h = grp.amax_history + j;
   const float first = h[0];
+  if (!isfinite(first)) {
+    __syncthreads();  // every thread has read h[0] before thread 0 clears it
+    if (threadIdx.x == 0) {
+      h[0] = 0.f;
+      if (grp.skipped != nullptr) grp.skipped[j] += 1;
+    }
+    __syncthreads();
+    return;
+  }
   float amax = first;
   for (int64_t base = 0; base + 1 < len; base += blockDim.x) {
     const int64_t l = base + threadIdx.x;

@@ -31,6 +31,17 @@ class _FP8Metas(nn.Module):
     """Mixin: the (amax_history, scale) of one dense op, created only under delayed scaling."""
 
     def fp8_meta(self, name: str):
+        """The ``(amax_history, scale)`` FP8 variables of one dense op, or None.
+
+        They are created in the ``FP8_COLLECTION`` collection only under delayed scaling; outside
+        FP8
+        and under current scaling there is no state and the result is None.
+
+        Parameters
+        ----------
+        name : str
+            Prefix of the variables' names (e.g. ``'kernel'``).
+        """
         cfg = fp8_mod.current_fp8_config()
         if cfg is None or not cfg.delayed:
             return None
@@ -47,7 +58,46 @@ def _data_parallel(x):
 
 
 class DenseGeneral(_FP8Metas):
-    """y = x @ kernel (+ bias) contracting `axis` (trailing) dims of x into `features`."""
+    """A dense layer contracting the trailing dimensions of the input, FP8 under ``fp8_autocast``.
+
+    ``y = x @ kernel (+ bias)``, with ``kernel`` of shape ``in_shape + features``. FP8 runs through
+    XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on the CPU
+    (emulated, the same numerics). FP8 is
+    used when the token count and both GEMM sizes are multiples of 16. Under
+    :func:`transformer_engine.jax.fp8_autocast` with delayed scaling the module creates FP8
+    variables (amax history and scales) in the ``FP8_COLLECTION`` collection.
+
+    Parameters
+    ----------
+    features : int or tuple of int
+        Output feature dimensions.
+    kernel_init : callable, optional
+        Initialiser of the kernel, called as ``init(key, shape, dtype)`` (default: variance
+        scaling 1.0, fan-in, truncated normal).
+    kernel_axes : tuple of str, default ()
+        Logical axis names of the kernel, for sharding rules (recorded with the parameter).
+    use_bias : bool, default True
+        Whether the layer has a bias.
+    bias_init : callable, default zeros
+        Initialiser of the bias.
+    bias_axes : tuple of str, default ()
+        Logical axis names of the bias, for sharding rules (recorded with the parameter).
+    enable_low_rank_adaptation : bool, default False
+        Add a trainable low-rank update ``x @ A @ B * alpha / rank`` (LoRA) to the output.
+    low_rank_adaptation_dim : int, default 32
+        The rank of ``A`` and ``B``.
+    low_rank_adaptation_alpha : float, optional
+        Scale numerator of the update; ``None`` scales by 1.
+    axis : int or tuple of int, default -1
+        The input dimensions contracted with the kernel; they must be the trailing ones.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    input_axes : tuple of str, default ()
+        Logical axis names of the input, for sharding rules.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    """
     features: Union[Iterable[int], int]
     kernel_init: Optional[Initializer] = None
     kernel_axes: Tuple[str, ...] = ()
@@ -64,6 +114,18 @@ class DenseGeneral(_FP8Metas):
 
     @nn.compact
     def __call__(self, inputs):
+        """Apply the layer.
+
+        Parameters
+        ----------
+        inputs : jax.Array
+            Input whose trailing dimensions (``axis``) are contracted.
+
+        Returns
+        -------
+        jax.Array
+            ``inputs.shape[:-len(axis)] + features``.
+        """
         x = jnp.asarray(inputs, self.dtype)
         features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         axes = _canon(self.axis, x.ndim)
@@ -92,7 +154,31 @@ class DenseGeneral(_FP8Metas):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm ('layernorm') or RMSNorm ('rmsnorm') over the last dimension."""
+    """LayerNorm or RMSNorm over the last dimension (native kernels on NVIDIA and AMD GPUs).
+
+    Parameters
+    ----------
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    zero_centered_gamma : bool, default False
+        Store the scale as ``gamma - 1`` (initialised to zero): the output is scaled by
+        ``1 + gamma``.
+    scale_init : callable, optional
+        Initialiser of the norm's scale (default ones, zeros with ``zero_centered_gamma``).
+    scale_axes : tuple of str, default ('embed',)
+        Logical axis names of the scale.
+    bias_init : callable, default zeros
+        Initialiser of the bias (``'layernorm'`` only).
+    bias_axes : tuple of str, default ('embed',)
+        Logical axis names of the bias.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    """
     epsilon: float = 1e-6
     layernorm_type: str = "layernorm"
     zero_centered_gamma: bool = False
@@ -104,6 +190,18 @@ class LayerNorm(nn.Module):
     transpose_batch_sequence: bool = False
 
     def norm_params(self, hidden):
+        """Create (or fetch) the norm's parameters.
+
+        Parameters
+        ----------
+        hidden : int
+            Size of the normalised dimension.
+
+        Returns
+        -------
+        tuple
+            ``(scale, bias)``; bias is None for ``'rmsnorm'``.
+        """
         init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma
                                    else nn.initializers.ones)
         gamma = self.param("scale", init, (hidden,), self.dtype)
@@ -113,6 +211,13 @@ class LayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        """Normalise ``x`` over its last dimension.
+
+        Parameters
+        ----------
+        x : jax.Array
+            Input ``[..., hidden]``.
+        """
         if self.layernorm_type not in ("layernorm", "rmsnorm"):
             raise ValueError(f"LayerNorm: layernorm_type is {self.layernorm_type!r}; expected "
                              f"'layernorm' or 'rmsnorm'")
@@ -132,7 +237,65 @@ def _norm_params(module, hidden):
 
 
 class LayerNormDenseGeneral(_FP8Metas):
-    """(dense(layernorm(x)), layernorm output or None)."""
+    """A norm followed by a dense layer: ``dense(norm(x))``, FP8 under ``fp8_autocast``.
+
+    FP8 runs through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on
+    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` with
+    delayed scaling the module creates FP8 variables (amax history and scales) in the
+    ``FP8_COLLECTION`` collection. ``__call__`` returns ``(output, norm_output or None)``.
+
+    Parameters
+    ----------
+    features : int or tuple of int
+        Output feature dimensions.
+    enable_layernorm : bool, default True
+        Normalise the input first; False makes the module a plain dense layer.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero): the output is scaled by
+        ``1 + gamma``.
+    scale_init : callable, optional
+        Initialiser of the norm's scale (default ones, zeros with ``zero_centered_gamma``).
+    scale_axes : tuple of str, default ('embed',)
+        Logical axis names of the scale.
+    ln_bias_init : callable, default zeros
+        Initialiser of the norm's bias (``'layernorm'`` only).
+    ln_bias_axes : tuple of str, default ('embed',)
+        Logical axis names of the norm's bias.
+    kernel_init : callable, optional
+        Initialiser of the kernel, called as ``init(key, shape, dtype)`` (default: variance
+        scaling 1.0, fan-in, truncated normal).
+    kernel_axes : tuple of str, default ()
+        Logical axis names of the kernel, for sharding rules (recorded with the parameter).
+    use_bias : bool, default False
+        Whether the layer has a bias.
+    bias_init : callable, default zeros
+        Initialiser of the bias.
+    bias_axes : tuple of str, default ()
+        Logical axis names of the bias, for sharding rules (recorded with the parameter).
+    return_layernorm_output : bool, default False
+        Return the norm's output as the second element of the result (else None there).
+    axis : int or tuple of int, default -1
+        The contracted input dimension; only -1 is supported.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    layernorm_input_axes : tuple of str, optional
+        Logical axis names of the norm's input, for sharding rules.
+    dot_input_axes : tuple of str, optional
+        Logical axis names of the GEMM's input, for sharding rules.
+    enable_low_rank_adaptation : bool, default False
+        Add a trainable low-rank update ``x @ A @ B * alpha / rank`` (LoRA) to the output.
+    low_rank_adaptation_dim : int, default 32
+        The rank of ``A`` and ``B``.
+    low_rank_adaptation_alpha : float, optional
+        Scale numerator of the update; ``None`` scales by 1.
+    """
     features: Union[Iterable[int], int]
     enable_layernorm: bool = True
     layernorm_type: str = "layernorm"
@@ -159,6 +322,18 @@ class LayerNormDenseGeneral(_FP8Metas):
 
     @nn.compact
     def __call__(self, inputs):
+        """Apply the norm and the dense layer.
+
+        Parameters
+        ----------
+        inputs : jax.Array
+            Input ``[..., hidden]``.
+
+        Returns
+        -------
+        tuple
+            ``(output [..., *features], norm output or None)``.
+        """
         x = _data_parallel(jnp.asarray(inputs, self.dtype))
         if _canon(self.axis, x.ndim) != (x.ndim - 1,):
             raise ValueError("LayerNormDenseGeneral: only axis=-1 is supported")
@@ -186,8 +361,68 @@ class LayerNormDenseGeneral(_FP8Metas):
 
 
 class LayerNormMLP(_FP8Metas):
-    """(fc2(dropout(act(fc1(layernorm(x))))), layernorm output or None). activations: a tuple of
-    names, e.g. ('gelu',) or ('silu', 'linear') for SwiGLU; kernel_1 [hidden, n_act, inter]."""
+    """A norm and a two-layer MLP, ``wo(dropout(act(wi(norm(x)))))``; FP8 under ``fp8_autocast``.
+
+    FP8 runs through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on
+    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` with
+    delayed scaling the module creates FP8 variables (amax history and scales) in the
+    ``FP8_COLLECTION`` collection. ``__call__`` returns ``(output, norm_output or None)``.
+
+    Parameters
+    ----------
+    intermediate_dim : int, default 2048
+        Size of the intermediate dimension.
+    enable_layernorm : bool, default True
+        Normalise the input first; False makes the module a plain dense layer.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero): the output is scaled by
+        ``1 + gamma``.
+    scale_init : callable, optional
+        Initialiser of the norm's scale (default ones, zeros with ``zero_centered_gamma``).
+    scale_axes : tuple of str, default ('embed',)
+        Logical axis names of the scale.
+    ln_bias_init : callable, default zeros
+        Initialiser of the norm's bias (``'layernorm'`` only).
+    ln_bias_axes : tuple of str, default ('embed',)
+        Logical axis names of the norm's bias.
+    kernel_init : callable, optional
+        Initialiser of both kernels (default: variance scaling 1.0, fan-in, truncated normal).
+    kernel_axes_1 : tuple of str, default ('embed', 'act', 'mlp')
+        Logical axis names of the first kernel ``[hidden, n_act, intermediate_dim]``.
+    kernel_axes_2 : tuple of str, default ('mlp', 'embed')
+        Logical axis names of the second kernel.
+    use_bias : bool, default False
+        Whether the layer has a bias.
+    bias_init : callable, default zeros
+        Initialiser of the bias.
+    bias_axes_1 : tuple of str, default ('act', 'mlp')
+        Logical axis names of the first bias.
+    bias_axes_2 : tuple of str, default ('embed',)
+        Logical axis names of the second bias.
+    return_layernorm_output : bool, default False
+        Return the norm's output as the second element of the result (else None there).
+    activations : sequence of str, default ('relu',)
+        The activation: one name (``'gelu'``, ``'relu'``, ``'silu'``, ``'quick_gelu'``,
+        ``'squared_relu'``), or that name followed by ``'linear'`` for its gated form (e.g.
+        ``('silu', 'linear')`` for SwiGLU). All are supported on every backend.
+    intermediate_dropout_rng_name : str, default 'dropout'
+        PRNG stream of the intermediate dropout.
+    intermediate_dropout_rate : float, default 0.1
+        Dropout probability after the activation.
+    intermediate_hidden_dropout_dims : sequence of int, default ()
+        Dimensions along which the dropout mask is broadcast.
+    axis : int or tuple of int, default -1
+        The contracted input dimension.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    """
     intermediate_dim: int = 2048
     enable_layernorm: bool = True
     layernorm_type: str = "layernorm"
@@ -215,6 +450,20 @@ class LayerNormMLP(_FP8Metas):
 
     @nn.compact
     def __call__(self, inputs, deterministic: bool = False):
+        """Apply the norm and the MLP.
+
+        Parameters
+        ----------
+        inputs : jax.Array
+            Input ``[..., hidden]``.
+        deterministic : bool, default False
+            Disable dropout (evaluation).
+
+        Returns
+        -------
+        tuple
+            ``(output [..., hidden], norm output or None)``.
+        """
         x = _data_parallel(jnp.asarray(inputs, self.dtype))
         hidden = x.shape[-1]
         acts = tuple(self.activations)

@@ -1,7 +1,7 @@
 """DotProductAttention, MultiHeadAttention, RelativePositionBiases and TransformerLayer with the
-argument names of NVIDIA TE's JAX API. Attention runs through transformer_engine.jax.fused_attn
-(unfused: GEMMs around the fused softmax primitive; no native fused attention kernel for JAX
-yet). Layout: [batch, seq, hidden], or [seq, batch, hidden] with transpose_batch_sequence.
+argument names of NVIDIA TE's JAX API. Attention runs through transformer_engine.jax.fused_attn,
+whose dispatcher picks the native fused kernels (cuDNN, portable) through XLA FFI custom calls,
+XLA's fused attention, or the jnp path, as PyTorch's DotProductAttention does. Layout: [batch, seq, hidden], or [seq, batch, hidden] with transpose_batch_sequence.
 Masks: True = masked out, [batch, 1, sq, sk]."""
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 
 
 class TransformerLayerType(enum.Enum):
+    """Kind of :class:`TransformerLayer`.
+
+    ``ENCODER``: self-attention and MLP. ``DECODER``: adds cross-attention to the encoder's
+    output.
+    """
     ENCODER = "encoder"
     DECODER = "decoder"
 
@@ -27,6 +32,39 @@ def _default_init():
 
 
 class DotProductAttention(nn.Module):
+    """Attention over already projected queries, keys and values (Flax module).
+
+    Runs :func:`transformer_engine.jax.fused_attn`: GEMMs around the native fused softmax on NVIDIA
+    and AMD GPUs, jnp code on the CPU.
+
+    Parameters
+    ----------
+    head_dim : int
+        Size of each head.
+    num_attention_heads : int
+        Number of query heads.
+    num_gqa_groups : int, optional
+        Number of key/value heads (grouped-query attention); ``None`` means one per query head.
+    attention_dropout : float, default 0.0
+        Dropout probability on the attention probabilities.
+    attn_mask_type : str, default 'causal'
+        ``'no_mask'``, ``'padding'``, ``'causal'``, ``'padding_causal'`` or
+        ``'causal_bottom_right'`` (see :func:`transformer_engine.jax.fused_attn`).
+    attn_bias_type : str, optional
+        Accepted for compatibility; a bias passed to ``__call__`` is added to the scores.
+    dropout_rng_name : str, default 'dropout'
+        Name of the PRNG stream for dropout (pass it in ``rngs`` of ``apply``).
+    float32_logits : bool, default False
+        Compute the scores and softmax in float32.
+    qkv_layout : {'bshd_bshd_bshd', 'sbhd_sbhd_sbhd'}, default 'bshd_bshd_bshd'
+        Separate query, key and value tensors (packed layouts are not supported).
+    scale_factor : float, optional
+        Score scale (default ``1 / sqrt(head_dim)``).
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention ``(left, right)``; -1 is unbounded.
+    """
     head_dim: int
     num_attention_heads: int
     num_gqa_groups: Optional[int] = None
@@ -42,12 +80,28 @@ class DotProductAttention(nn.Module):
 
     @nn.compact
     def __call__(self, query, key, value, mask=None, bias=None, *, deterministic: bool = False):
-        """q [b, sq, h, d], k/v [b, sk, g, d] (seq first with transpose_batch_sequence)."""
+        """Attend.
+
+        Parameters
+        ----------
+        query : jax.Array
+            ``[batch, seq_q, heads, head_dim]`` (seq first with ``transpose_batch_sequence``).
+        key : jax.Array
+            ``[batch, seq_k, kv_heads, head_dim]``.
+        value : jax.Array
+            Same shape as ``key``.
+        mask : jax.Array, optional
+            Boolean ``[batch, 1, seq_q, seq_k]``, True where masked out.
+        bias : jax.Array, optional
+            Added to the scores.
+        deterministic : bool, default False
+            Disable dropout (evaluation).
+        """
         if self.qkv_layout not in ("bshd_bshd_bshd", "sbhd_sbhd_sbhd"):
             raise NotImplementedError(f"DotProductAttention: qkv_layout {self.qkv_layout!r}; "
                                       f"separate q, k, v tensors are supported")
-        if self.transpose_batch_sequence:
-            query, key, value = (jnp.swapaxes(t, 0, 1) for t in (query, key, value))
+        # seq-first tensors go in as they are: the fused kernels read sbhd natively
+        qkv_format = "sbhd" if self.transpose_batch_sequence else "bshd"
         rng = None
         if self.attention_dropout > 0.0 and not deterministic:
             rng = self.make_rng(self.dropout_rng_name)
@@ -58,12 +112,28 @@ class DotProductAttention(nn.Module):
                          self.attn_mask_type if mask is not None or "causal" in
                          self.attn_mask_type else "no_mask",
                          0.0 if deterministic else self.attention_dropout, rng,
-                         self.window_size).astype(dtype)
-        return jnp.swapaxes(out, 0, 1) if self.transpose_batch_sequence else out
+                         self.window_size, qkv_format=qkv_format).astype(dtype)
+        return out
 
 
 class RelativePositionBiases(nn.Module):
-    """T5-style bucketed relative position bias [1, heads, q, k]."""
+    """T5-style bucketed relative position bias, ``[1, heads, q_len, k_len]``.
+
+    Parameters
+    ----------
+    num_buckets : int
+        Number of relative-distance buckets.
+    max_distance : int
+        Distances beyond this share the last bucket.
+    num_attention_heads : int
+        Number of heads (one bias per head and bucket).
+    embedding_init : callable, default variance scaling (fan-avg, uniform)
+        Initialiser of the ``[heads, num_buckets]`` table.
+    embedding_axes : tuple of str, default ('heads', 'relpos_buckets')
+        Logical axis names of the table.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the result.
+    """
     num_buckets: int
     max_distance: int
     num_attention_heads: int
@@ -73,6 +143,18 @@ class RelativePositionBiases(nn.Module):
 
     @nn.compact
     def __call__(self, q_seqlen, k_seqlen, bidirectional=True):
+        """The bias for ``q_seqlen`` queries and ``k_seqlen`` keys.
+
+        Parameters
+        ----------
+        q_seqlen : int
+            Number of query positions.
+        k_seqlen : int
+            Number of key positions.
+        bidirectional : bool, default True
+            Separate buckets for keys before and after the query (encoders); False for causal
+            decoders.
+        """
         rel = jnp.arange(k_seqlen)[None, :] - jnp.arange(q_seqlen)[:, None]
         n = self.num_buckets
         bucket = jnp.zeros_like(rel)
@@ -105,6 +187,67 @@ def _rope(x, windows, transpose):
 
 
 class MultiHeadAttention(nn.Module):
+    """Multi-head attention: optional norm, QKV projection, attention, output projection.
+
+    The projections are :class:`LayerNormDenseGeneral`/:class:`DenseGeneral` (FP8 under
+    ``fp8_autocast``); ``__call__`` returns ``(output, norm_output or None)``.
+
+    Parameters
+    ----------
+    head_dim : int
+        Size of each head.
+    num_attention_heads : int
+        Number of query heads.
+    num_gqa_groups : int, optional
+        Number of key/value heads (grouped-query attention); ``None`` means one per query head.
+    attention_dropout : float, default 0.0
+        Dropout probability on the attention probabilities.
+    dropout_rng_name : str, default 'dropout'
+        Name of the PRNG stream for dropout (pass it in ``rngs`` of ``apply``).
+    input_layernorm : bool, default True
+        Normalise the query input before the projection.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    layernorm_epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero): the output is scaled by
+        ``1 + gamma``.
+    return_layernorm_output : bool, default False
+        Return the norm's output as the second element of the result (else None there).
+    use_bias : bool, default False
+        Whether the layer has a bias.
+    bias_init : callable, default zeros
+        Initialiser of the bias.
+    kernel_init : callable, optional
+        Initialiser of the projection kernels.
+    attn_mask_type : str, default 'causal'
+        ``'no_mask'``, ``'padding'``, ``'causal'``, ``'padding_causal'`` or
+        ``'causal_bottom_right'`` (see :func:`transformer_engine.jax.fused_attn`).
+    attn_bias_type : str, optional
+        Accepted for compatibility; a bias passed to ``__call__`` is added to the scores.
+    enable_rotary_pos_emb : bool, default False
+        Apply rotary position embeddings (rotate-half) to queries and keys.
+    rotary_pos_emb_windows : tuple of (int, int), default (1, 10000)
+        Smallest and largest timescale of the rotary frequencies.
+    fuse_qkv_params : bool, default True
+        One fused QKV projection for self-attention instead of separate query and key/value ones.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    scale_attn_logits : bool, default False
+        Scale the attention scores by ``1 / sqrt(head_dim)`` explicitly.
+    scaled_query_init : bool, default True
+        Whether scores are scaled by ``1 / sqrt(head_dim)`` (NVIDIA TE's convention: the scaling
+        is folded into the query); with both this and ``scale_attn_logits`` False no scaling is
+        applied.
+    float32_logits : bool, default False
+        Compute the scores and softmax in float32.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention ``(left, right)``; -1 is unbounded.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    """
     head_dim: int
     num_attention_heads: int
     num_gqa_groups: Optional[int] = None
@@ -133,6 +276,23 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, inputs_q, inputs_kv, mask=None, bias=None, *, decode: bool = False,
                  deterministic: bool = False):
+        """Apply the attention block.
+
+        Parameters
+        ----------
+        inputs_q : jax.Array
+            Query input ``[batch, seq_q, hidden]``.
+        inputs_kv : jax.Array
+            Key/value input ``[batch, seq_k, hidden]``; pass ``inputs_q`` itself for self-attention.
+        mask : jax.Array, optional
+            Boolean ``[batch, 1, seq_q, seq_k]``, True where masked out.
+        bias : jax.Array, optional
+            Added to the attention scores.
+        decode : bool, default False
+            Incremental decoding with a KV cache is not implemented (NotImplementedError).
+        deterministic : bool, default False
+            Disable dropout (evaluation).
+        """
         if decode:
             raise NotImplementedError("MultiHeadAttention: decode (KV cache) is not implemented "
                                       "in the JAX frontend yet")
@@ -175,6 +335,85 @@ class MultiHeadAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
+    """One Transformer encoder or decoder block (Flax module), FP8 under ``fp8_autocast``.
+
+    Pre-norm by default: ``h = x + drop(attn(norm(x)))``, a decoder then adds
+    ``h + drop(cross_attn(norm(h), encoded))``, and ``out = h + drop(mlp(norm(h)))``.
+
+    Parameters
+    ----------
+    hidden_size : int, default 512
+        Size of the last dimension of the input and of the output.
+    mlp_hidden_size : int, default 2048
+        Intermediate size of the MLP.
+    num_attention_heads : int, default 8
+        Number of query heads; must divide ``hidden_size``.
+    num_gqa_groups : int, optional
+        Number of key/value heads (grouped-query attention); ``None`` means one per query head.
+    layernorm_type : {'layernorm', 'rmsnorm'}, default 'layernorm'
+        The normalisation.
+    layernorm_epsilon : float, default 1e-6
+        Added to the variance (or mean square) before the square root.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero): the output is scaled by
+        ``1 + gamma``.
+    hidden_dropout : float, default 0.1
+        Dropout probability on the outputs of attention and MLP.
+    hidden_dropout_dims : sequence of int, default ()
+        Dimensions along which the hidden dropout mask is broadcast.
+    attention_dropout : float, default 0.1
+        Dropout probability on the attention probabilities.
+    intermediate_dropout : float, default 0.1
+        Dropout probability inside the MLP, after the activation.
+    intermediate_dropout_dims : sequence of int, default ()
+        Dimensions along which the intermediate dropout mask is broadcast.
+    dropout_rng_name : str, default 'dropout'
+        Name of the PRNG stream for dropout (pass it in ``rngs`` of ``apply``).
+    mha_kernel_init : callable, optional
+        Initialiser of the attention kernels.
+    mlp_kernel_init : callable, optional
+        Initialiser of the MLP kernels.
+    mlp_activations : sequence of str, default ('relu',)
+        The MLP activation (see :class:`LayerNormMLP`).
+    use_bias : bool, default False
+        Whether the layer has a bias.
+    bias_init : callable, default zeros
+        Initialiser of the bias.
+    apply_residual_connection_post_layernorm : bool, default False
+        Each residual connection starts at the norm's output instead of its input.
+    output_layernorm : bool, default False
+        Post-norm: no norm before the attention, a final norm after the block.
+    float32_attention_logits : bool, default False
+        Compute the attention scores and softmax in float32.
+    layer_type : TransformerLayerType, default ENCODER
+        ``DECODER`` adds cross-attention to ``encoded``.
+    self_attn_mask_type : str, default 'causal'
+        Mask type of the self-attention (see :class:`DotProductAttention`).
+    self_attn_bias_type : str, optional
+        Accepted for compatibility; a bias passed to ``__call__`` is added to the scores.
+    enable_relative_embedding : bool, default True
+        Add a T5-style relative position bias to the self-attention scores.
+    relative_embedding : flax.linen.Module, optional
+        The module producing that bias (default: a :class:`RelativePositionBiases` with 32
+        buckets and maximum distance 128).
+    enable_rotary_pos_emb : bool, default False
+        Apply rotary position embeddings (rotate-half) to queries and keys.
+    rotary_pos_emb_windows : tuple of (int, int), default (1, 10000)
+        Smallest and largest timescale of the rotary frequencies.
+    transpose_batch_sequence : bool, default False
+        Inputs are ``[seq, batch, ...]`` instead of ``[batch, seq, ...]``.
+    scale_attn_logits : bool, default False
+        Scale the attention scores by ``1 / sqrt(head_dim)`` explicitly.
+    scaled_query_init : bool, default True
+        Whether scores are scaled by ``1 / sqrt(head_dim)`` (NVIDIA TE's convention: the scaling
+        is folded into the query); with both this and ``scale_attn_logits`` False no scaling is
+        applied.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention ``(left, right)``; -1 is unbounded.
+    dtype : jax.numpy.dtype, default float32
+        dtype of the parameters and of the computation (e.g. ``jnp.bfloat16``); inputs are cast
+        to it.
+    """
     hidden_size: int = 512
     mlp_hidden_size: int = 2048
     num_attention_heads: int = 8
@@ -216,6 +455,25 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, inputs, encoded=None, attention_mask=None, encoder_decoder_mask=None,
                  deterministic: bool = False, decode: bool = False, max_decode_length=None):
+        """Apply the block.
+
+        Parameters
+        ----------
+        inputs : jax.Array
+            ``[batch, seq, hidden_size]`` (seq first with ``transpose_batch_sequence``).
+        encoded : jax.Array, optional
+            The encoder's output, for a decoder layer's cross-attention.
+        attention_mask : jax.Array, optional
+            Boolean self-attention mask ``[batch, 1, seq, seq]``, True where masked out.
+        encoder_decoder_mask : jax.Array, optional
+            Boolean cross-attention mask ``[batch, 1, seq, seq_enc]``.
+        deterministic : bool, default False
+            Disable dropout (evaluation).
+        decode : bool, default False
+            Incremental decoding is not implemented (NotImplementedError).
+        max_decode_length : int, optional
+            Unused (incremental decoding).
+        """
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"TransformerLayer: hidden_size {self.hidden_size} is not a multiple "
                              f"of num_attention_heads {self.num_attention_heads}")

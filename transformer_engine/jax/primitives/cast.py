@@ -47,10 +47,12 @@ def cast_transpose(x, scale, fp8_dtype):
 _ALGOS = {"max": 0, "most_recent": 1}
 
 
-def delayed_scaling_update(history, scale, fp8_max, algo="max", margin=0.0):
-    """(new_history, new_scale, new_scale_inv) for history [L, n] and scale [n] (float32)."""
+def delayed_scaling_update(history, scale, fp8_max, algo="max", margin=0.0, skipped=None):
+    """(new_history, new_scale, new_scale_inv) for history [L, n] and scale [n] (float32), and
+    with `skipped` (int32 [n]) the new counts of updates skipped for a non-finite amax (see
+    kernels.delayed_scaling_update: the custom call skips them the same way)."""
     if callable(algo) or not use_custom_call("delayed_scaling"):
-        return kernels.delayed_scaling_update(history, scale, fp8_max, algo, margin)
+        return kernels.delayed_scaling_update(history, scale, fp8_max, algo, margin, skipped)
     if algo not in _ALGOS:
         raise ValueError(f"delayed_scaling_update: algo is {algo!r}; expected 'max', "
                          f"'most_recent' or a callable")
@@ -62,6 +64,9 @@ def delayed_scaling_update(history, scale, fp8_max, algo="max", margin=0.0):
     call = ffi("te_delayed_scaling_update_ffi",
                (sds(history.shape, _F32), sds(scale.shape, _F32), sds(scale.shape, _F32)),
                aliases={0: 0, 1: 1})
-    return tuple(call(history, scale, fp8_max=f32(fp8_max), algo=i64(_ALGOS[algo]),
-                      margin=f32(margin)))
+    out = tuple(call(history, scale, fp8_max=f32(fp8_max), algo=i64(_ALGOS[algo]),
+                     margin=f32(margin)))
+    if skipped is None:
+        return out
+    return out + (skipped + (~jnp.isfinite(history[0])).astype(skipped.dtype),)
 

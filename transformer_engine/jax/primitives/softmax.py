@@ -55,7 +55,22 @@ def softmax_backward(dy, y, scale=1.0, kind="scaled"):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def softmax(x, mask=None, scale=1.0, kind="scaled"):
-    """Differentiable softmax(scale * x) with the mask of `kind`; the mask gets no gradient."""
+    """``softmax(scale * x)`` over the last axis with a mask; differentiable.
+
+    Native kernels through XLA FFI on NVIDIA and AMD GPUs, jnp code on the CPU.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Scores, e.g. ``[batch, heads, seq_q, seq_k]``; float32, bfloat16 or float16.
+    mask : jax.Array, optional
+        For ``kind='masked'``: boolean, broadcastable to ``x``, True where masked out. The mask
+        gets no gradient.
+    scale : float, default 1.0
+        Factor applied to ``x`` before the softmax.
+    kind : {'scaled', 'masked', 'causal'}, default 'scaled'
+        No mask, the given ``mask``, or the upper-triangular (causal) mask.
+    """
     return softmax_forward(x, mask, scale, kind)
 
 

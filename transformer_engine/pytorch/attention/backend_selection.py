@@ -1,34 +1,33 @@
 """Which attention backend runs a configuration, and why the others do not.
 
-Backends (one name each, on every vendor):
-  cudnn     vendor-fused kernel (cuDNN graph API on NVIDIA; "unsupported" elsewhere). NVTE_FUSED_ATTN
-  portable  our flash-style kernel (csrc/common/attention; the AMD backend). NVTE_FLASH_ATTN
-  unfused   framework GEMMs + our fused masked softmax; accepts everything. NVTE_UNFUSED_ATTN
+Backends, their switches and the order per vendor are defined once for both frontends in
+transformer_engine/common/attention_selection.py: cudnn > sdpa | portable > unfused on NVIDIA
+(sdpa before portable where SDPA needs no dense mask), sdpa > unfused on AMD (the FMA portable
+kernel only with NVTE_FLASH_ATTN=1), unfused on the CPU (sdpa there with NVTE_UNFUSED_ATTN=0).
 
 Selection is a table of small rules. Each rule names the backends it applies to and returns None
-(no objection) or the sentence saying why it rejects. The first backend of the device's preference
-order with no objection wins: cudnn > portable > unfused on NVIDIA, portable > unfused on AMD (the
-fused kernels beat two GEMMs plus a softmax pass over an s x s matrix at every size we benchmark).
-"No backend" never happens: if NVTE_UNFUSED_ATTN=0 and nothing else accepts, unfused still runs and
-the report says the switch was overridden.
+(no objection) or the sentence saying why it rejects. The first backend of the preference order
+with no objection wins. "No backend" never happens: if NVTE_UNFUSED_ATTN=0 and nothing else
+accepts, unfused still runs and the report says the switch was overridden.
 
 `get_attention_backend(config)` returns the report without running anything (it works on a
 machine without a GPU); NVTE_DEBUG=1 logs it the first time each configuration is seen
 (NVTE_DEBUG_LEVEL=1: choice and rejections; 2: also the configuration itself).
+`assume_vendor('rocm' | 'cuda')` (tests) judges CPU configurations as if they ran on that vendor's GPU.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 import torch
 
-from ...common import config as env
+from ...common import attention_selection as sel
+from ...common.attention_selection import AttentionBackendReport  # noqa: F401  (re-exported)
 from .. import native
+from . import sdpa as sdpa_backend
 
-BACKENDS = ("cudnn", "portable", "unfused")
-PREFERENCE = {"cuda": ("cudnn", "portable", "unfused"), "rocm": ("portable", "cudnn", "unfused")}
+BACKENDS = sel.BACKENDS   # the order per vendor (and configuration): sel.preference
 
 _logger = logging.getLogger("transformer_engine.pytorch.attention")
 
@@ -45,8 +44,7 @@ def _ops_attention():
 # ----- rules: (backends, rule name, fn(backend, cfg) -> Optional[reason]) -------------------------
 
 def _switch(backend, cfg):
-    ok, why = env.attention_backend_allowed(backend)
-    return None if ok else why
+    return sel.switch_reason(backend)
 
 
 def _on_gpu(backend, cfg):
@@ -60,13 +58,13 @@ def _on_gpu(backend, cfg):
 
 def _dense_mask(backend, cfg):
     if cfg.mask_type == "arbitrary":
-        return "arbitrary masks are dense [b, h, sq, sk] tensors; only unfused reads them"
+        return "arbitrary masks are dense [b, h, sq, sk] tensors; the native kernels do not read them"
     return None
 
 
 def _bias(backend, cfg):
     if cfg.has_bias:
-        return "core_attention_bias (post-scale bias) is applied by unfused only"
+        return "core_attention_bias (post-scale bias) is not implemented in the native kernels"
     return None
 
 
@@ -78,95 +76,78 @@ def _kernel(backend, cfg):
     return None if ok else reason
 
 
+def _vendor_gate(backend, cfg):
+    if backend == "portable":
+        return sel.amd_portable_reason(_vendor(cfg))
+    return sel.amd_cudnn_reason(_vendor(cfg))
+
+
+def _sdpa_rule(neutral):
+    """A framework-neutral rule in this table's (backend, cfg) form."""
+    return lambda backend, cfg: neutral(cfg)
+
+
+def _sdpa_dtype(backend, cfg):
+    return sel.framework_dtype_reason(str(cfg.dtype).replace("torch.", ""), _vendor(cfg))
+
+
+def _sdpa_head_dim(backend, cfg):
+    return sel.framework_head_dim_reason(cfg, _vendor(cfg))
+
+
+def _sdpa_determinism(backend, cfg):
+    return sel.framework_determinism_reason(cfg, _vendor(cfg))
+
+
 RULES: Tuple[Tuple[Tuple[str, ...], str, Callable], ...] = (
     (BACKENDS, "environment switch", _switch),
+    (("cudnn", "portable"), "vendor", _vendor_gate),
     (("cudnn", "portable"), "device", _on_gpu),
     (("cudnn", "portable"), "mask tensor", _dense_mask),
     (("cudnn", "portable"), "bias", _bias),
     (("cudnn", "portable"), "kernel support", _kernel),
+    (("sdpa",), "layout", _sdpa_rule(sel.framework_layout_reason)),
+    (("sdpa",), "bias", _sdpa_rule(sel.framework_bias_reason)),
+    (("sdpa",), "dtype", _sdpa_dtype),
+    (("sdpa",), "head dims", _sdpa_head_dim),
+    (("sdpa",), "GQA", _sdpa_rule(sel.framework_gqa_reason)),
+    (("sdpa",), "determinism", _sdpa_determinism),
+    (("sdpa",), "torch support", lambda backend, cfg: sdpa_backend.support_reason(cfg)),
 )
 
 
-# ----- the report ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class AttentionBackendReport:
-    chosen: str                              # 'cudnn' | 'portable' | 'unfused'
-    config: object                           # the AttentionConfig judged
-    order: Tuple[str, ...]                   # preference order on this device
-    rejections: Tuple[Tuple[str, str], ...]  # (backend, reason) for every objection raised
-    note: str = ""                           # e.g. a switch that had to be overridden
-
-    def reasons(self, backend: str) -> Tuple[str, ...]:
-        return tuple(r for b, r in self.rejections if b == backend)
-
-    def accepted(self, backend: str) -> bool:
-        return not self.reasons(backend)
-
-    def __str__(self) -> str:
-        lines = [f"attention backend: {self.chosen}" + (f" ({self.note})" if self.note else "")]
-        lines += [f"  {b} rejected: {r}" for b, r in self.rejections]
-        return "\n".join(lines)
-
+# ----- the decision ------------------------------------------------------------------------------
 
 def _vendor(cfg) -> str:
-    if torch.device(cfg.device).type == "cuda" and torch.version.hip:
-        return "rocm"
-    return "cuda"
+    """'cuda' (NVIDIA GPU), 'rocm' (AMD GPU) or 'cpu': where the configuration runs."""
+    if sel.assumed_vendor() is not None:
+        return sel.assumed_vendor()
+    if torch.device(cfg.device).type != "cuda":
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
+assume_vendor = sel.assume_vendor   # tests: judge configurations as on another vendor's GPU
 
 
 def _evaluate(cfg) -> AttentionBackendReport:
-    order = PREFERENCE[_vendor(cfg)]
-    rejections = []
-    for backend in order:  # the first objection per backend is its reason (later rules may
-        for applies_to, _name, rule in RULES:  # assume the earlier ones passed)
-            if backend in applies_to:
-                reason = rule(backend, cfg)
-                if reason:
-                    rejections.append((backend, reason))
-                    break
-    rejected = {b for b, _ in rejections}
-    chosen = next((b for b in order if b not in rejected), None)
-    note = ""
-    if chosen is None:
-        chosen = "unfused"
-        note = "NVTE_UNFUSED_ATTN=0 overridden: no other backend accepts this configuration"
-    return AttentionBackendReport(chosen, cfg, order, tuple(rejections), note)
+    vendor = _vendor(cfg)
+    return sel.evaluate(cfg, sel.preference(vendor, cfg), RULES, vendor)
 
 
 _CACHE: dict = {}
 _LOGGED: set = set()
 
 
-def _env_key() -> tuple:
-    return tuple(env.attention_backend_allowed(b)[0] for b in BACKENDS)
-
-
 def get_attention_backend(cfg) -> AttentionBackendReport:
-    """The backend DotProductAttention would run for `cfg` (an kernels.attention.AttentionConfig), with
+    """The backend DotProductAttention would run for `cfg` (a kernels.attention.AttentionConfig), with
     every rejection and its reason. Runs nothing on the device; reads the NVTE_*_ATTN switches now."""
-    key = (cfg, _env_key())
+    key = (cfg, sel.switches_key())
     report = _CACHE.get(key)
     if report is None:
         report = _CACHE[key] = _evaluate(cfg)
-    _log(report, key)
+    sel.log_report(_logger, report, key, _LOGGED)
     return report
-
-
-def _log(report: AttentionBackendReport, key) -> None:
-    level = env.debug_level()
-    if level <= 0 or key in _LOGGED:
-        return
-    _LOGGED.add(key)
-    if not _logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[TE attention] %(message)s"))
-        _logger.addHandler(handler)
-        _logger.propagate = False
-    _logger.setLevel(logging.INFO)
-    if level >= 2:
-        _logger.info("configuration: %s", report.config)
-    _logger.info("%s", report)
 
 
 def clear_backend_cache() -> None:

@@ -271,12 +271,3 @@ def context_parallel_attention(q, k, v, *, qkv_format: str, mask_type: str, soft
     return ContextParallelAttention.apply(q, k, v, qkv_format, mask_type == "causal", scale,
                                           cp_group, cp_global_ranks)
 
-
-def set_context_parallel_group_of(module: torch.nn.Module, cp_group, cp_global_ranks=None, cp_stream=None,
-                                  cp_comm_type: str = "p2p") -> None:
-    """Give every DotProductAttention inside `module` the context-parallel group (what
-    MultiheadAttention.set_context_parallel_group and TransformerLayer's do)."""
-    from .dot_product_attention import DotProductAttention
-    for m in module.modules():
-        if isinstance(m, DotProductAttention):
-            m.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)

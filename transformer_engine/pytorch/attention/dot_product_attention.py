@@ -7,12 +7,14 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.utils.checkpoint
 
+from ..module._nv_options import check_off
 from ...common import config as env
 from ..kernels import attention as attn_ops
 from ..kernels._checks import check_tensor
 from . import masks
 from .backend_selection import get_attention_backend
 from .context_parallel import check_context_parallel, context_parallel_attention
+from .sdpa import sdpa_attention
 from .unfused import unfused_attention
 
 _OP = "DotProductAttention"
@@ -29,24 +31,105 @@ def _cu_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
 
 
+def _check_cu_seqlens(items) -> None:
+    """cu_seqlens of the thd format: on the tokens' device, starting at 0, non-decreasing, and
+    ending within the token count (the values are checked in one read from the device; skipped
+    while a CUDA graph is captured or torch.compile traces, where no value can be read)."""
+    for name, cu, x in items:
+        if cu.device != x.device:
+            raise ValueError(f"{_OP}: {name} is on {cu.device}; expected the device of the "
+                             f"tokens ({x.device})")
+        if cu.numel() < 2:
+            raise ValueError(f"{_OP}: {name} has {cu.numel()} values; expected [b + 1] with b >= 1")
+    if torch.compiler.is_compiling() or (items[0][1].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    checks = []
+    for _, cu, x in items:
+        checks += [cu[0] != 0, (cu[1:] < cu[:-1]).any(), cu[-1] > x.shape[0]]
+    flags = torch.stack([c.reshape(()) for c in checks]).tolist()
+    for i, (name, cu, x) in enumerate(items):
+        first, decreasing, beyond = flags[3 * i:3 * i + 3]
+        if first:
+            raise ValueError(f"{_OP}: {name} starts at {int(cu[0])}; expected 0")
+        if decreasing:
+            raise ValueError(f"{_OP}: {name} is not non-decreasing ({cu.tolist()[:16]}); expected "
+                             f"cumulative sequence lengths")
+        if beyond:
+            raise ValueError(f"{_OP}: {name} ends at {int(cu[-1])}, beyond the {x.shape[0]} tokens "
+                             f"of the thd input")
+
+
 class DotProductAttention(torch.nn.Module):
-    """Core attention over already projected q, k, v (NVIDIA TE's argument names).
+    """Scaled dot-product attention over already projected queries, keys and values.
 
-    num_attention_heads: query heads (over all tensor-parallel ranks); kv_channels: head dim, or
-    (head_dim_qk, head_dim_v); num_gqa_groups: key/value heads (GQA; 1 = MQA; None = MHA);
-    qkv_format 'sbhd' | 'bshd' | 'thd' (packed, with cu_seqlens); attn_mask_type one of
-    masks.MASK_TYPES (True in a mask = masked out); window_size (left, right), -1 unbounded;
-    softmax_scale defaults to 1/sqrt(head_dim_qk). The output is q's layout with the heads
-    flattened: [s, b, h*d_v], [b, s, h*d_v] or [t, h*d_v].
+    Computes ``softmax(q k^T * softmax_scale + bias, masked) v`` per head, with optional dropout on
+    the probabilities. The output has the queries' layout with the heads flattened:
+    ``[s, b, h * d_v]``, ``[b, s, h * d_v]`` or ``[t, h * d_v]``.
 
-    Padding types take the lengths from cu_seqlens_q/cu_seqlens_kv or from attention_mask, a bool
-    [b, 1, 1, s] tensor (or a (query, key) pair of them) with True at padded positions; sequences
-    are right-padded (valid tokens first), as in NVIDIA TE. Outputs at padded query positions are
-    zero. 'arbitrary' takes attention_mask [b|1, h|1, sq, sk] (True = masked out).
+    The backend is chosen per call from the call's configuration (dtype, head size, mask, layout,
+    GQA, window, dropout, device): on NVIDIA cuDNN's fused attention, PyTorch's SDPA kernels, a
+    portable native kernel or the unfused path; on AMD PyTorch's SDPA (AOTriton/CK kernels) or the
+    unfused path; on the CPU the unfused reference. ``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``,
+    ``NVTE_SDPA_ATTN`` and ``NVTE_UNFUSED_ATTN`` (0/1) switch backends off and ``NVTE_DEBUG=1`` logs the choice and why the
+    others were rejected. Deterministic kernels only are used when
+    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``.
 
-    Backend: chosen per call by backend_selection.get_attention_backend (NVTE_FUSED_ATTN,
-    NVTE_FLASH_ATTN, NVTE_UNFUSED_ATTN; NVTE_DEBUG=1 logs why). Deterministic kernels only when
-    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0.
+    Parameters
+    ----------
+    num_attention_heads : int
+        Number of query heads, over all tensor-parallel ranks.
+    kv_channels : int or tuple of (int, int)
+        Head dimension, or ``(head_dim_qk, head_dim_v)`` when the value heads are of another size.
+    num_gqa_groups : int, optional
+        Number of key/value heads for grouped-query attention (1 is multi-query attention). Must
+        divide ``num_attention_heads``. ``None`` (default) means one per query head.
+    attention_dropout : float, default 0.0
+        Dropout probability applied to the attention probabilities during training, in [0, 1).
+    qkv_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of the tensors: ``[seq, batch, heads, dim]``, ``[batch, seq, heads, dim]``, or
+        ``'thd'``: the sequences of a batch packed one after another without padding
+        (``[tokens, heads, dim]``, with ``cu_seqlens_q``/``cu_seqlens_kv``).
+    attn_mask_type : str, default 'causal'
+        ``'no_mask'``, ``'causal'`` (top-left aligned), ``'causal_bottom_right'`` (aligned to the
+        last key, for queries shorter than keys), ``'padding'``, ``'padding_causal'``,
+        ``'padding_causal_bottom_right'`` (padding types read the sequence lengths from
+        ``cu_seqlens_*`` or from ``attention_mask``), or ``'arbitrary'`` (a full
+        ``attention_mask``). All are supported on every backend; the dispatcher skips a fused
+        kernel that lacks a type.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention: each query sees keys from ``left`` positions before it to
+        ``right`` after it; -1 means unbounded on that side. ``None`` (default) is no window
+        (``(-1, 0)`` under a causal mask).
+    sequence_parallel : bool, default False
+        Recorded for compatibility; the core attention itself is local to each rank.
+    tp_size : int, default 1
+        Tensor-parallel size: each rank holds ``num_attention_heads / tp_size`` query heads.
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker` whose fork is used for the dropout mask, so that
+        tensor-parallel ranks draw different masks.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel group (its size overrides ``tp_size``).
+    layer_number : int, optional
+        Index of the layer in the model (from 1); it keys this layer's entries in the KV cache of
+        ``inference_params`` and is required when one is used.
+    attention_type : {'self', 'cross'}, default 'self'
+        Self-attention (keys and values from the same sequence as the queries) or cross-attention
+        (keys and values from ``encoder_output``).
+    cp_group : torch.distributed.ProcessGroup, optional
+        Context parallelism: the group the sequence is split over (ring attention, K/V passed
+        point to point; see :meth:`set_context_parallel_group`). Each rank passes its part of
+        q/k/v in the balanced two-chunk layout of ``split_for_context_parallel``. Masks
+        ``'causal'`` and ``'no_mask'``, formats ``'bshd'``/``'sbhd'``, no dropout or bias.
+    cp_global_ranks : list of int, optional
+        The global ranks of ``cp_group``, in ring order (default: the group's own order).
+    cp_stream : torch.cuda.Stream, optional
+        Accepted for NVIDIA TE's signature; the ring's transfers already overlap its compute.
+    cp_comm_type : str, default 'p2p'
+        Only ``'p2p'`` (the ring) is implemented.
+    softmax_scale : float, optional
+        Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
+    softmax_type : str, default 'vanilla'
+        Only ``'vanilla'`` (the plain softmax) is implemented.
     """
 
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
@@ -56,8 +139,12 @@ class DotProductAttention(torch.nn.Module):
                  tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
                  layer_number: Optional[int] = None, attention_type: str = "self",
                  cp_group=None, cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
-                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla"):
+                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla",
+                 bottom_right_diagonal: Optional[bool] = None, return_max_logit: bool = False,
+                 name: Optional[str] = None):
         super().__init__()
+        check_off(_OP, bottom_right_diagonal=bottom_right_diagonal, return_max_logit=return_max_logit)
+        self.name = name
         if softmax_type != "vanilla":
             raise NotImplementedError(f"{_OP}: softmax_type {softmax_type!r}: only 'vanilla' is implemented")
         if attention_type not in ("self", "cross"):
@@ -147,6 +234,7 @@ class DotProductAttention(torch.nn.Module):
             if cu_seqlens_q.numel() != cu_seqlens_kv.numel() or cu_seqlens_q.dim() != 1:
                 raise ValueError(f"{_OP}: cu_seqlens_q/cu_seqlens_kv have shapes "
                                  f"{tuple(cu_seqlens_q.shape)}/{tuple(cu_seqlens_kv.shape)}; expected [b + 1] each")
+            _check_cu_seqlens((("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_kv", cu_seqlens_kv, k)))
             return None, None, cu_seqlens_q, cu_seqlens_kv
         if not masks.is_padding(mask_type):
             return None, None, None, None
@@ -190,6 +278,22 @@ class DotProductAttention(torch.nn.Module):
 
     # ----- forward ----------------------------------------------------------------------------
 
+    # NVIDIA TE keeps FP8 attention metadata under core_attention._extra_state; the key exists
+    # here too, so state_dicts line up both ways. FP8 attention is not implemented (fp8_dpa is
+    # refused by the recipes), so there is no state to save and a loaded one has no use.
+    def get_extra_state(self):
+        return None
+
+    def set_extra_state(self, state) -> None:
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if prefix + "_extra_state" in missing_keys:
+            missing_keys.remove(prefix + "_extra_state")  # saved without it
+
     def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor, value_layer: torch.Tensor,
                 attention_mask=None, qkv_format: Optional[str] = None,
                 cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_kv: Optional[torch.Tensor] = None,
@@ -199,6 +303,66 @@ class DotProductAttention(torch.nn.Module):
                 checkpoint_core_attention: bool = False, core_attention_bias_type: str = "no_bias",
                 core_attention_bias: Optional[torch.Tensor] = None, alibi_slopes=None,
                 fast_zero_fill: bool = True, inference_params=None) -> torch.Tensor:
+        """Attend from ``query_layer`` to ``key_layer``/``value_layer``.
+
+        Parameters
+        ----------
+        query_layer : torch.Tensor
+            Queries ``[..., heads, head_dim_qk]`` in the layout ``qkv_format``; float32, bfloat16 or
+            float16.
+        key_layer : torch.Tensor
+            Keys ``[..., num_gqa_groups, head_dim_qk]``.
+        value_layer : torch.Tensor
+            Values ``[..., num_gqa_groups, head_dim_v]``.
+        attention_mask : torch.Tensor or tuple of torch.Tensor, optional
+            For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
+            ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
+            ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
+        qkv_format : {'sbhd', 'bshd', 'thd'}, optional
+            Overrides the constructor's layout for this call.
+        cu_seqlens_q : torch.Tensor, optional
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
+            tensors' device; required with ``'thd'`` and accepted with padding mask types.
+        cu_seqlens_kv : torch.Tensor, optional
+            The same for keys and values (default: ``cu_seqlens_q``).
+        max_seqlen_q : int, optional
+            Longest query sequence in the batch (derived from ``cu_seqlens_q`` when omitted; passing
+            it avoids a device-to-host copy).
+        max_seqlen_kv : int, optional
+            Longest key/value sequence in the batch.
+        cu_seqlens_q_padded : torch.Tensor, optional
+            Not implemented (packed sequences with gaps); must be ``None``.
+        cu_seqlens_kv_padded : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        attn_mask_type : str, optional
+            Overrides the constructor's mask type for this call (see the constructor).
+        window_size : tuple of (int, int), optional
+            Overrides the constructor's window for this call.
+        checkpoint_core_attention : bool, default False
+            Recompute the attention in the backward pass instead of saving its intermediate results
+            (activation checkpointing of the core attention only).
+        core_attention_bias_type : {'no_bias', 'post_scale_bias'}, default 'no_bias'
+            ``'post_scale_bias'`` adds ``core_attention_bias`` to the scaled scores before the
+            softmax. The ALiBi types of NVIDIA TE are not implemented (NotImplementedError).
+        core_attention_bias : torch.Tensor, optional
+            The bias, broadcastable to ``[batch, heads, seq_q, seq_kv]``.
+        alibi_slopes : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        fast_zero_fill : bool, default True
+            Accepted for compatibility; outputs at padded query positions are always zero.
+        inference_params : InferenceParams, optional
+            A KV cache for incremental decoding: the call's keys and values are appended to this
+            layer's cache (keyed by ``layer_number``) and attention runs over all cached tokens.
+            Supported with ``'sbhd'`` and ``'bshd'``.
+
+        Returns
+        -------
+        torch.Tensor
+            The attention output with the heads flattened into the last dimension.
+        """
         qkv_format = masks.check_qkv_format(_OP, qkv_format or self.qkv_format)
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(_OP, attn_mask_type)
         window = masks.canonical_window(_OP, self.window_size if window_size is None else window_size,
@@ -277,6 +441,11 @@ class DotProductAttention(torch.nn.Module):
                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
                     max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
                     arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+            if report.chosen == "sdpa":
+                return sdpa_attention(
+                    q_, k_, v_, qkv_format=qkv_format, mask_type=mask_type, window=window,
+                    softmax_scale=self.softmax_scale, dropout_p=dropout_p, seqlens_q=lq,
+                    seqlens_kv=lk, arbitrary_mask=arbitrary, rng_context=self._rng_context())
             # strided q/k/v (e.g. views of a packed projection) go in as they are: the op copies
             # only what its backend cannot read in place
             return attn_ops.FusedAttention.apply(
@@ -305,3 +474,12 @@ class DotProductAttention(torch.nn.Module):
         mask_type = {"causal": "causal_bottom_right",
                      "padding_causal": "padding_causal_bottom_right"}.get(mask_type, mask_type)
         return q, k, v, "bshd", mask_type
+
+
+def set_context_parallel_group_of(module: torch.nn.Module, cp_group, cp_global_ranks=None, cp_stream=None,
+                                  cp_comm_type: str = "p2p") -> None:
+    """Give every DotProductAttention inside `module` the context-parallel group (what
+    MultiheadAttention.set_context_parallel_group and TransformerLayer's do)."""
+    for m in module.modules():
+        if isinstance(m, DotProductAttention):
+            m.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)

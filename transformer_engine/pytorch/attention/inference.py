@@ -14,10 +14,34 @@ import torch
 
 
 class InferenceParams:
-    """Per-model decoding state: batch/sequence capacity, the current offset and the KV caches.
+    """Decoding state for incremental generation: capacity, current position and the KV caches.
 
-    The caches are [max_batch_size, max_sequence_length, heads_kv, head_dim] in bshd order,
-    allocated on first use with the dtype/device of the keys (or the dtype given here)."""
+    Pass it as ``inference_params`` to :class:`DotProductAttention`, :class:`MultiheadAttention`
+    or :class:`TransformerLayer` (each with its own ``layer_number``): each call appends its keys
+    and values to the layer's cache at the current position and attends over everything cached.
+    Call :meth:`step` after each model step. The caches are ``[max_batch_size,
+    max_sequence_length, heads, dim]``, allocated on first use. Works on every backend.
+
+    Parameters
+    ----------
+    max_batch_size : int
+        Most sequences decoded at once.
+    max_sequence_length : int
+        Most tokens per sequence (prompt plus generated).
+    num_heads_kv : int, optional
+        Key/value heads per layer (taken from the first keys when omitted).
+    head_dim_k : int, optional
+        Key head size (taken from the first keys when omitted).
+    dtype : torch.dtype, optional
+        dtype of the caches (default: the keys' dtype).
+    head_dim_v : int, optional
+        Value head size (taken from the first values when omitted).
+    is_paged : bool, default False
+        A paged KV cache is not implemented: True raises NotImplementedError.
+    **unused
+        Other keyword arguments of NVIDIA TE's InferenceParams (paged-cache settings) are
+        accepted and ignored.
+    """
 
     def __init__(self, max_batch_size: int, max_sequence_length: int,
                  num_heads_kv: Optional[int] = None, head_dim_k: Optional[int] = None,
@@ -38,15 +62,28 @@ class InferenceParams:
         self.key_value_memory_dict: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def step(self, num_tokens: int) -> None:
-        """Advance the write position after a whole-model step of num_tokens new tokens."""
+        """Advance the write position after a whole-model step.
+
+        Parameters
+        ----------
+        num_tokens : int
+            Number of new tokens per sequence in the step just run.
+        """
         self.sequence_len_offset += int(num_tokens)
 
     def reset(self) -> None:
+        """Rewind to an empty cache: the write position and batch offset go back to 0."""
         self.sequence_len_offset = 0
         self.batch_size_offset = 0
 
     def swap_key_value_dict(self, batch_indices) -> None:
-        """Reorder the cached sequences (e.g. after beam search): slot i takes batch_indices[i]."""
+        """Reorder the cached sequences, e.g. after a beam-search step.
+
+        Parameters
+        ----------
+        batch_indices : sequence of int or torch.Tensor
+            Slot ``i`` of every cache takes the sequence that was in slot ``batch_indices[i]``.
+        """
         for layer, (k, v) in self.key_value_memory_dict.items():
             idx = torch.as_tensor(batch_indices, device=k.device, dtype=torch.long)
             self.key_value_memory_dict[layer] = (k[idx].contiguous(), v[idx].contiguous())
@@ -63,8 +100,22 @@ class InferenceParams:
         return cache
 
     def update_and_read(self, layer_number: int, k_bshd: torch.Tensor, v_bshd: torch.Tensor):
-        """Write this step's keys/values [b, s, h, d] at the current offset; return the cached
-        keys/values for positions [0, offset + s) of this layer's batch slots."""
+        """Write a step's keys and values into a layer's cache and return all cached ones.
+
+        Parameters
+        ----------
+        layer_number : int
+            The layer whose cache is used.
+        k_bshd : torch.Tensor
+            This step's keys ``[batch, seq, heads, dim]``.
+        v_bshd : torch.Tensor
+            This step's values ``[batch, seq, heads, dim]``.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            The cached keys and values of positions ``[0, offset + seq)``.
+        """
         op = "InferenceParams"
         b, s = k_bshd.shape[0], k_bshd.shape[1]
         start, end = self.sequence_len_offset, self.sequence_len_offset + s

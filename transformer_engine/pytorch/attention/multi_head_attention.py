@@ -16,17 +16,117 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ..module._nv_options import check_off
 from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
-from .dot_product_attention import DotProductAttention, _tp_world_size
+from .dot_product_attention import DotProductAttention, _tp_world_size, set_context_parallel_group_of
 from .rope import apply_rotary_pos_emb
-from .context_parallel import set_context_parallel_group_of
 
 _OP = "MultiheadAttention"
 
 
 class MultiheadAttention(torch.nn.Module):
-    """Self or cross multi-head attention with NVIDIA TE's constructor and forward arguments."""
+    """Multi-head self- or cross-attention: optional norm, QKV projection, attention, projection.
+
+    The projections are :class:`LayerNormLinear`/:class:`Linear` (FP8 under :func:`autocast`) and
+    the core is :class:`DotProductAttention`, which picks the attention backend per call.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Size of the last dimension of the input and of the output.
+    num_attention_heads : int
+        Number of query heads, over all tensor-parallel ranks.
+    kv_channels : int, optional
+        Head dimension (default ``hidden_size // num_attention_heads``).
+    attention_dropout : float, default 0.1
+        Dropout probability applied to the attention probabilities during training, in [0, 1).
+    layernorm_epsilon : float, default 1e-5
+        Epsilon of the input norm.
+    init_method : callable, optional
+        Called as ``init_method(weight)`` to initialise each weight in place. Default: normal with
+        mean 0 and standard deviation 0.023.
+    output_layer_init_method : callable, optional
+        Initialises the output projection's weight (default: as ``init_method``).
+    layer_number : int, optional
+        Index of the layer in the model (from 1); it keys this layer's entries in the KV cache of
+        ``inference_params`` and is required when one is used.
+    attn_mask_type : str, default 'causal'
+        ``'no_mask'``, ``'causal'`` (top-left aligned), ``'causal_bottom_right'`` (aligned to the
+        last key, for queries shorter than keys), ``'padding'``, ``'padding_causal'``,
+        ``'padding_causal_bottom_right'`` (padding types read the sequence lengths from
+        ``cu_seqlens_*`` or from ``attention_mask``), or ``'arbitrary'`` (a full
+        ``attention_mask``). All are supported on every backend; the dispatcher skips a fused
+        kernel that lacks a type.
+    window_size : tuple of (int, int), optional
+        Sliding-window attention: each query sees keys from ``left`` positions before it to
+        ``right`` after it; -1 means unbounded on that side. ``None`` (default) is no window
+        (``(-1, 0)`` under a causal mask).
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel process group. ``None`` (default) means no tensor parallelism.
+    tp_size : int, default 1
+        Number of ranks in ``tp_group``; taken from the group when one is given. Any
+        ``torch.distributed`` backend (NCCL on NVIDIA, RCCL on AMD, gloo on the CPU).
+    num_gqa_groups : int, optional
+        Number of key/value heads for grouped-query attention (1 is multi-query attention). Must
+        divide ``num_attention_heads``. ``None`` (default) means one per query head.
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate weight gradients into ``weight.main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; weight initialisation and attention dropout fork
+        it so that tensor-parallel ranks draw different numbers.
+    sequence_parallel : bool, default False
+        With tensor parallelism (``tp_size > 1``), the input and output of the module are split
+        along the sequence dimension across the tensor-parallel group, and the module gathers or
+        reduce-scatters them around its GEMMs. Has no effect when ``tp_size`` is 1.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``): float32, bfloat16 or
+        float16. The compute dtype follows the input (or ``torch.autocast``).
+    return_bias : bool, default False
+        Do not add the output projection's bias; ``forward`` returns ``(output, bias)``.
+    return_layernorm_output : bool, default False
+        Also return the input norm's output (with ``input_layernorm``).
+    input_layernorm : bool, default False
+        Normalise the input before the QKV projection (pre-norm).
+    attention_type : {'self', 'cross'}, default 'self'
+        Self-attention (keys and values from the same sequence as the queries) or cross-attention
+        (keys and values from ``encoder_output``).
+    set_parallel_mode : bool, default False
+        With tensor parallelism, split the QKV projection by columns and the output projection by
+        rows over the group (the Megatron-style attention split).
+    fuse_qkv_params : bool, default False
+        Keep the query, key and value projections in one weight parameter (``qkv``) instead of
+        separate named parameters.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
+        precision formats; the output is ``... * (1 + gamma)``.
+    qkv_weight_interleaved : bool, default True
+        With ``fuse_qkv_params``, lay the fused weight out per head (q, k, v of head 0, then of
+        head 1, ...) rather than all queries, then all keys, then all values.
+    bias : bool, default True
+        Whether the projections have biases.
+    normalization : {'LayerNorm', 'RMSNorm'}, default 'LayerNorm'
+        The normalisation applied to the input.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    qkv_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of the tensors: ``[seq, batch, heads, dim]``, ``[batch, seq, heads, dim]``, or
+        ``'thd'``: the sequences of a batch packed one after another without padding
+        (``[tokens, heads, dim]``, with ``cu_seqlens_q``/``cu_seqlens_kv``).
+    name : str, optional
+        A name for the module, used in debug logging only.
+    rotary_pos_interleaved : bool, default False
+        Rotary embeddings rotate adjacent pairs of channels (interleaved, GPT-J style) instead of
+        the two halves of the head dimension.
+    softmax_scale : float, optional
+        Factor applied to ``q @ k^T`` before the softmax (default ``1 / sqrt(head_dim_qk)``).
+    **ignored_userbuffers_flags
+        Keyword arguments starting with ``ub_`` (NVIDIA TE's userbuffers communication overlap)
+        are accepted and ignored; any other unknown keyword raises TypeError.
+    """
 
     def __init__(self, hidden_size: int, num_attention_heads: int, kv_channels: Optional[int] = None,
                  attention_dropout: float = 0.1, layernorm_epsilon: float = 1e-5,
@@ -41,11 +141,19 @@ class MultiheadAttention(torch.nn.Module):
                  zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
                  bias: bool = True, normalization: str = "LayerNorm", device=None,
                  qkv_format: str = "sbhd", name: Optional[str] = None, rotary_pos_interleaved: bool = False,
-                 softmax_scale: Optional[float] = None, **ignored_userbuffers_flags):
+                 softmax_scale: Optional[float] = None, bottom_right_diagonal: Optional[bool] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, qk_norm_type: Optional[str] = None,
+                 qk_norm_eps: float = 1e-6, qk_norm_before_rope: bool = False,
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 softmax_type: str = "vanilla"):
         super().__init__()
-        bad = [k for k in ignored_userbuffers_flags if not k.startswith("ub_")]
-        if bad:
-            raise TypeError(f"{_OP}: unexpected keyword arguments {bad}")
+        check_off(_OP, ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, bottom_right_diagonal=bottom_right_diagonal,
+                  qk_norm_type=qk_norm_type, softmax_type=softmax_type)
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size  # size hints only
         if attention_type not in ("self", "cross"):
             raise ValueError(f"{_OP}: attention_type is {attention_type!r}; expected 'self' or 'cross'")
         if return_layernorm_output and not input_layernorm:
@@ -62,7 +170,7 @@ class MultiheadAttention(torch.nn.Module):
         self.qkv_format, self.layer_number = qkv_format, layer_number
         self.rotary_pos_interleaved = rotary_pos_interleaved
         # The core attention validates heads/GQA/mask/window arguments for the whole module.
-        self.core_attention = DotProductAttention(
+        core_attention = DotProductAttention(
             num_attention_heads, kv_channels, num_gqa_groups=num_gqa_groups,
             attention_dropout=attention_dropout, qkv_format=qkv_format, attn_mask_type=attn_mask_type,
             window_size=window_size, sequence_parallel=sequence_parallel, tp_size=tp_size,
@@ -88,11 +196,15 @@ class MultiheadAttention(torch.nn.Module):
                                   parameters_split=_split(split, q_size // tp, kv_size // tp), **column)
         else:
             if input_layernorm:
-                self.layernorm_query = LayerNormLinear(hidden_size, q_size, **column, **norm)
+                self.layernorm_query = LayerNormLinear(
+                    hidden_size, q_size, parameters_split=None if fuse_qkv_params else ("query_",),
+                    **column, **norm)
             else:
                 self.query_layer = Linear(hidden_size, q_size, **column)
             split = None if fuse_qkv_params else {"key_": kv_size // tp, "value_": kv_size // tp}
             self.key_value = Linear(hidden_size, 2 * kv_size, parameters_split=split, **column)
+        # registered between the projections, as NVIDIA TE does (state_dict key order)
+        self.core_attention = core_attention
         self.proj = Linear(q_size, hidden_size, init_method=output_layer_init_method,
                            parallel_mode="row" if set_parallel_mode else None,
                            return_bias=return_bias, **common)
@@ -177,6 +289,71 @@ class MultiheadAttention(torch.nn.Module):
                 fast_zero_fill: bool = True, *, _residual: Optional[torch.Tensor] = None):
         # _residual (internal: TransformerLayer's residual connection) is added to the output,
         # by the projection's GEMM where it can (Linear.residual_in_gemm)
+        """Apply the attention block to ``hidden_states``.
+
+        Parameters
+        ----------
+        hidden_states : torch.Tensor
+            Input ``[seq, batch, hidden_size]`` (``'sbhd'``), ``[batch, seq, hidden_size]``
+            (``'bshd'``) or ``[tokens, hidden_size]`` (``'thd'``).
+        attention_mask : torch.Tensor or tuple of torch.Tensor, optional
+            For padding mask types: a bool tensor ``[batch, 1, 1, seq]`` that is True at padded
+            positions (sequences are right-padded), or a pair of them for queries and keys; ignored
+            when
+            ``cu_seqlens_*`` are given. For ``'arbitrary'``: a bool tensor broadcastable to
+            ``[batch, heads, seq_q, seq_kv]``, True where attention is masked out.
+        encoder_output : torch.Tensor, optional
+            Keys and values come from this tensor for cross-attention (``attention_type='cross'``).
+        attn_mask_type : str, optional
+            Overrides the constructor's mask type for this call (see the constructor).
+        window_size : tuple of (int, int), optional
+            Overrides the constructor's window for this call.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
+            (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
+            weight on every call.
+        checkpoint_core_attention : bool, default False
+            Recompute the attention in the backward pass instead of saving its intermediate results
+            (activation checkpointing of the core attention only).
+        inference_params : InferenceParams, optional
+            A KV cache for incremental decoding: the call's keys and values are appended to this
+            layer's cache (keyed by ``layer_number``) and attention runs over all cached tokens.
+            Supported with ``'sbhd'`` and ``'bshd'``.
+        rotary_pos_emb : torch.Tensor or tuple of torch.Tensor, optional
+            Rotary position embedding frequencies ``[seq, 1, 1, dim]`` from
+            :class:`RotaryPositionEmbedding`, applied to queries and keys (a pair applies the first
+            to
+            the queries and the second to the keys).
+        core_attention_bias_type : {'no_bias', 'post_scale_bias'}, default 'no_bias'
+            ``'post_scale_bias'`` adds ``core_attention_bias`` to the scaled scores before the
+            softmax. The ALiBi types of NVIDIA TE are not implemented (NotImplementedError).
+        core_attention_bias : torch.Tensor, optional
+            The bias, broadcastable to ``[batch, heads, seq_q, seq_kv]``.
+        alibi_slopes : torch.Tensor, optional
+            Not implemented; must be ``None``.
+        cu_seqlens_q : torch.Tensor, optional
+            int32 tensor ``[batch + 1]`` of cumulative query sequence lengths (starting at 0), on
+            the
+            tensors' device; required with ``'thd'`` and accepted with padding mask types.
+        cu_seqlens_kv : torch.Tensor, optional
+            The same for keys and values (default: ``cu_seqlens_q``).
+        max_seqlen_q : int, optional
+            Longest query sequence in the batch (derived from ``cu_seqlens_q`` when omitted; passing
+            it avoids a device-to-host copy).
+        max_seqlen_kv : int, optional
+            Longest key/value sequence in the batch.
+        fast_zero_fill : bool, default True
+            Accepted for compatibility; outputs at padded query positions are always zero.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            The output, of the input's shape; with ``return_bias`` also the bias, and with
+            ``return_layernorm_output`` also the norm's output.
+        """
         if _residual is not None and self.return_bias:
             raise ValueError(f"{_OP}: _residual cannot be added to an output returned with its bias")
         want = 2 if self.qkv_format == "thd" else 3

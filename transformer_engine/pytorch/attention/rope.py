@@ -6,16 +6,45 @@ from typing import Optional
 
 import torch
 
-from ..kernels.rope import apply_rotary_pos_emb  # noqa: F401  (the public function lives with its kernel)
+from ..kernels import rope as _rope_kernels
+
+
+def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
+                         interleaved: bool = False, fused: bool = True,
+                         cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
+                         cp_rank: int = 0) -> torch.Tensor:
+    """NVIDIA TE's apply_rotary_pos_emb (kernels.rope.apply_rotary_pos_emb does the work).
+    cp_size / cp_rank (context parallelism) are accepted at 1 / 0 only: this library has no
+    context parallelism."""
+    if cp_size != 1 or cp_rank != 0:
+        raise NotImplementedError(f"apply_rotary_pos_emb: cp_size={cp_size}, cp_rank={cp_rank}: context "
+                                  "parallelism is not implemented; expected cp_size=1, cp_rank=0")
+    return _rope_kernels.apply_rotary_pos_emb(t, freqs, tensor_format, interleaved, fused, cu_seqlens)
 
 
 class RotaryPositionEmbedding(torch.nn.Module):
-    """Angle table for RoPE: forward(max_seq_len, offset=0) -> float32 [max_seq_len, 1, 1, R].
+    """The angle table of rotary position embeddings (RoPE).
 
-    R = int(dim * rotary_percent) rounded down to even; inverse frequencies base^(-2i/R). Row p holds
-    the angles of position p + offset (divided by seq_len_interpolation_factor when given). The
-    layout matches apply_rotary_pos_emb: rotate-half repeats the R/2 angles twice, interleaved
-    repeats each angle for its pair.
+    ``forward(max_seq_len)`` returns float32 angles ``[max_seq_len, 1, 1, R]`` for
+    :func:`apply_rotary_pos_emb` and the ``rotary_pos_emb`` argument of the attention layers, where
+    ``R = dim * rotary_percent`` rounded down to an even number and the inverse frequencies are
+    ``rotary_base ** (-2 i / R)``.
+
+    Parameters
+    ----------
+    dim : int
+        The head dimension the embedding applies to.
+    rotary_percent : float, default 1.0
+        Share of the head dimension that is rotated, in (0, 1]; the rest passes through.
+    seq_len_interpolation_factor : float, optional
+        Divide positions by this factor (position interpolation for longer contexts).
+    pretrained_max_position_embeddings : int, optional
+        With ``seq_len_interpolation_factor``: the context length of pretraining; sequences longer
+        than it divided by the factor are stretched to fit instead.
+    rotary_base : float, default 10000.0
+        Base of the inverse frequencies.
+    interleaved : bool, default False
+        Produce the angle layout of interleaved (GPT-J style) rotation instead of rotate-half.
     """
 
     def __init__(self, dim: int, rotary_percent: float = 1.0,
@@ -37,6 +66,20 @@ class RotaryPositionEmbedding(torch.nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        """The angles of positions ``offset`` to ``offset + max_seq_len - 1``.
+
+        Parameters
+        ----------
+        max_seq_len : int
+            Number of positions.
+        offset : int, default 0
+            First position (e.g. the decoding position with a KV cache).
+
+        Returns
+        -------
+        torch.Tensor
+            float32 ``[max_seq_len, 1, 1, R]``.
+        """
         pos = torch.arange(max_seq_len, device=self.inv_freq.device, dtype=torch.float32) + offset
         if (self.pretrained_max_position_embeddings is not None
                 and self.seq_len_interpolation_factor is not None

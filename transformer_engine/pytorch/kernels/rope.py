@@ -155,8 +155,32 @@ class _FusedRoPE(torch.autograd.Function):
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
                          interleaved: bool = False, fused: bool = True,
                          cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Differentiable RoPE with Transformer Engine's signature: the fused kernels on a supported
-    GPU when fused=True, autograd of the reference otherwise."""
+    """Apply rotary position embeddings to ``t``; differentiable.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Queries or keys ``[seq, batch, heads, dim]`` (``'sbhd'``), ``[batch, seq, heads, dim]``
+        (``'bshd'``) or packed ``[tokens, heads, dim]`` (``'thd'``).
+    freqs : torch.Tensor
+        Angles ``[seq, 1, 1, R]`` from :class:`RotaryPositionEmbedding`, ``R <= dim``; the
+        channels past ``R`` pass through unchanged.
+    tensor_format : {'sbhd', 'bshd', 'thd'}, default 'sbhd'
+        Layout of ``t``.
+    interleaved : bool, default False
+        Rotate adjacent channel pairs instead of the two halves of the rotated channels.
+    fused : bool, default True
+        Use the native fused kernels where available (NVIDIA and AMD GPUs); False, or a tensor on
+        the CPU, uses the reference implementation with autograd.
+    cu_seqlens : torch.Tensor, optional
+        int32 ``[batch + 1]`` cumulative sequence lengths; required with ``'thd'``, where each
+        sequence's positions start at 0.
+
+    Returns
+    -------
+    torch.Tensor
+        The rotated tensor, of ``t``'s shape and dtype.
+    """
     if fused and native.use_native(t):
         return _FusedRoPE.apply(t, freqs, tensor_format, interleaved, cu_seqlens)
     _check("apply_rotary_pos_emb", t, "t", freqs, tensor_format, cu_seqlens)

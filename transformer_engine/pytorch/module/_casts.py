@@ -12,6 +12,7 @@ import torch
 
 from ..library import dispatch as K
 from . import _fast
+from ._reduce import bias_grad_of
 from ..quantization import FP8GlobalState, RecipeState
 
 
@@ -66,7 +67,6 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
             return dyq, dyq_t, dy_sinv, db
     db = None
     if db_dtype is not None:
-        from ._gemms import bias_grad_of  # _gemms imports this module
         db = bias_grad_of(dy if dy.dim() == 2 else dy.reshape(-1, dy.shape[-1]), db_dtype)
     dyq, dyq_t, dy_sinv = cast(fi.rs, dy, False, 0, need_transpose)
     return dyq, dyq_t, dy_sinv, db

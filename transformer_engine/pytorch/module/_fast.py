@@ -180,7 +180,7 @@ def call_scratch(nc, nbytes: int) -> torch.Tensor:
 
 
 # The gradients a small step returns (dx, dW, db) share one allocation: each torch.empty costs
-# about 6 us of host time on the lent machines, an as_strided view of a shared buffer a third of
+# about 6 us of host time on an H100 host, an as_strided view of a shared buffer a third of
 # that. Only up to _GRADS_SHARED_MAX bytes: the views keep the whole buffer alive as long as any
 # of them lives (dW and db as parameter gradients, typically until zero_grad).
 _GRADS_SHARED_MAX = 4 << 20

@@ -16,6 +16,7 @@ from ..kernels.gemm import GemmOutput
 from ..tensor import Float8Tensor
 from . import _fast
 from ._casts import cast, transposed
+from ._reduce import bias_grad_of
 
 
 def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
@@ -171,15 +172,3 @@ def dgrad_hp(w, dy2d, out=None):
             out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
         return _fast.gemm(nc, w, False, dy2d, False, out)
     return _into(out, K.general_gemm(w, dy2d, layout="NN").out)
-
-
-def bias_grad_of(dy2d: torch.Tensor, bias_dtype: torch.dtype) -> torch.Tensor:
-    """Column sums of the 2-D output gradient in bias_dtype, summed in fp32: the native column
-    sum (kernels.dbias; deterministic) on a GPU, through the direct call in eager mode, torch's sum
-    on the reference backend."""
-    if not dy2d.is_contiguous():
-        dy2d = dy2d.contiguous()
-    nc = _direct(dy2d)
-    if nc is not None:
-        return _fast.dbias(nc, dy2d, bias_dtype)
-    return K.dbias(dy2d, bias_dtype)

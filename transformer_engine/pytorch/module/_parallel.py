@@ -33,7 +33,7 @@ def column_input(inp, tp_group, tp_size, sequence_parallel):
     if tp_size == 1:
         return inp
     if sequence_parallel:
-        return dist_te.gather_along_first_dim(inp, tp_group)
+        return dist_te.gather_from_sequence_parallel_region(inp, tp_group)
     return dist_te.copy_to_tensor_parallel_region(inp, tp_group)
 
 
@@ -41,7 +41,7 @@ def row_output(out, tp_group, tp_size, sequence_parallel):
     if tp_size == 1:
         return out
     if sequence_parallel:
-        return dist_te.reduce_scatter_along_first_dim(out, tp_group)
+        return dist_te.reduce_scatter_to_sequence_parallel_region(out, tp_group)
     return dist_te.reduce_from_tensor_parallel_region(out, tp_group)
 
 

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._input_check import call_checked
 from .. import quantization as q
 from ..quantization import FP8GlobalState
 from ..tensor import Float8Tensor
@@ -39,8 +40,15 @@ _NO_FP8 = FP8CallInfo(False, False, None, None, None, None)
 
 
 class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
-    """Base of Linear, LayerNormLinear and LayerNormMLP: `fp8_slots` = (forward casts,
-    backward casts) the module makes per call."""
+    """Base class of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP`.
+
+    It holds the module's FP8 state (amax history and scales, created on the first FP8 call and
+    saved in ``state_dict`` as extra state), creates the weights (on the meta device, or as FP8-only
+    :class:`Float8Tensor` weights under :func:`quantized_model_init`) and supplies the default
+    initialisation. ``fp8_slots`` is the number of FP8 casts a call makes in the forward and in the
+    backward pass. The delayed weight-gradient API (``delay_wgrad_compute``, ``backward_dw``)
+    comes from ``DelayedWeightGrad``.
+    """
     fp8_slots = (0, 0)
 
     def __init__(self):
@@ -49,15 +57,55 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         self._pending_fp8_extra_state = None
         self._fp8_weight_cache = None
         self._fp8_checkpoint_stash = None
+        self._fp8_recompute_steps = []
         self.primary_weights_in_fp8 = FP8GlobalState.model_init
         self._model_init_recipe = FP8GlobalState.model_init_recipe
+        self._keep_hp_init_val = FP8GlobalState.model_init_keep_hp
+
+    @property
+    def fp8_meta(self) -> dict:
+        """NVIDIA TE's view of the module's FP8 metadata, made on each read from the module's
+        recipe state: "recipe", "fp8_group" (the current autocast's), "fp8_checkpoint" (whether
+        the module has FP8 state to save) and, once FP8 ran, "scaling_fwd" / "scaling_bwd" with
+        `scale`, `scale_inv` and `amax_history` (the module's own tensors, [history, slots])."""
+        rs = self._fp8_state
+        meta = {"recipe": rs.recipe if rs is not None else FP8GlobalState.recipe,
+                "fp8_group": FP8GlobalState.group, "fp8_checkpoint": rs is not None,
+                "num_gemms": max(1, self.fp8_slots[0] // 2)}
+        if rs is not None:
+            from types import SimpleNamespace
+            meta["scaling_fwd"] = SimpleNamespace(scale=rs.scale_fwd, scale_inv=rs.scale_inv_fwd,
+                                                  amax_history=rs.amax_history_fwd)
+            meta["scaling_bwd"] = SimpleNamespace(scale=rs.scale_bwd, scale_inv=rs.scale_inv_bwd,
+                                                  amax_history=rs.amax_history_bwd)
+        return meta
 
     def _remember_device(self, device: torch.device) -> None:
         if device.type == "cuda":
             q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
 
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)
+
     # -- FP8 per call
     def fp8_call_info(self, device: torch.device) -> FP8CallInfo:
+        """The FP8 settings for one call of the module on ``device``.
+
+        Reads the autocast in force, creates or refreshes the module's FP8 state for its recipe and
+        registers the step with delayed scaling. Called by ``forward``; users need not call it.
+
+        Parameters
+        ----------
+        device : torch.device
+            The device of the call's input.
+
+        Raises
+        ------
+        RuntimeError
+            When FP8 is enabled but the device has no FP8 support.
+        NotImplementedError
+            For delayed scaling under ``torch.compile`` (use Float8CurrentScaling there).
+        """
         s = FP8GlobalState
         if not (s.enabled or s.calibrating):
             return _NO_FP8
@@ -66,7 +114,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 raise NotImplementedError(
                     f"{type(self).__name__}: Float8BlockScaling is supported by Linear, "
                     "LayerNormLinear and LayerNormMLP only")
-            q.check_fp8_support(device, type(self).__name__)
+            q.require_fp8_support(device, type(self).__name__)
             if s.recipe.delayed() and torch.compiler.is_compiling():
                 raise NotImplementedError(
                     f"{type(self).__name__}: DelayedScaling is not supported under torch.compile "
@@ -80,6 +128,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
                                    None, None, None)
             rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
+            rs.owner = type(self).__name__
             if self._pending_fp8_extra_state is not None:
                 rs.load_dict(self._pending_fp8_extra_state)
                 self._pending_fp8_extra_state = None
@@ -88,9 +137,15 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
             from ._casts import record_list, replay_list
             replay, record = replay_list(self, phase), record_list(self, phase)
-        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2,
-        # run under the forward's step) will deliver
-        step = q.register_forward(rs, expect_backward=phase != 2)
+        # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
+        # will deliver, to the forward's step: recorded here, as a recompute may run under an
+        # autocast of its own (activation_recompute_forward), which opens no step
+        if phase == 2 and s.enabled and self._fp8_recompute_steps:
+            step = self._fp8_recompute_steps.pop(0)
+        else:
+            step = q.register_forward(rs, expect_backward=phase != 2)
+            if phase == 1 and s.enabled:
+                self._fp8_recompute_steps.append(step)
         if step is None and replay is None and record is None and s.enabled:
             # a plain FP8 call without a step (current scaling): the same answer every time,
             # made once per state (host time on every call)
@@ -102,14 +157,33 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     # -- weights
     def make_weight(self, shape, dtype, device, init: Optional[Callable]) -> torch.nn.Parameter:
-        """A parameter initialised on `device` ('meta' defers it: call reset_parameters() after
-        to_empty()); under quantized_model_init it is stored as a Float8Tensor only."""
+        """Create a weight parameter.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            The weight's shape.
+        dtype : torch.dtype
+            The weight's dtype.
+        device : torch.device
+            Where to create it; ``'meta'`` defers initialisation to ``reset_parameters()``.
+        init : callable or None
+            Called on the new tensor to initialise it in place; ``None`` leaves it uninitialised.
+
+        Returns
+        -------
+        torch.nn.Parameter
+            The weight, stored as a :class:`Float8Tensor` under :func:`quantized_model_init`.
+        """
         self._remember_device(device)
         w = torch.empty(shape, dtype=dtype, device=device)
         if device.type != "meta" and init is not None:
             init(w)
         if self.primary_weights_in_fp8 and device.type != "meta":
+            hp = w.detach().to("cpu", copy=True) if self._keep_hp_init_val else None
             w = self._to_fp8_weight(w)
+            if hp is not None:
+                w._high_precision_init_val = hp
         return torch.nn.Parameter(w)
 
     def _init_weight(self, w, init_method=None):
@@ -146,17 +220,34 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
             if p is not None and p.device != rs.device and p.device.type != "meta":
                 saved = rs.to_dict()
                 self._fp8_state = q.RecipeState(rs.recipe, p.device, *self.fp8_slots)
+                self._fp8_state.owner = rs.owner
                 self._fp8_state.load_dict({k: v.to(p.device) for k, v in saved.items()
                                            if isinstance(v, torch.Tensor)})
         return out
 
+    def fp8_skipped_updates(self) -> int:
+        """How many FP8 scale updates of this module were skipped because an amax was NaN or
+        infinite (0 before any FP8 step). Reading it waits for the device; the first non-zero
+        answer also warns. See `transformer_engine.pytorch.quantization`."""
+        rs = self._fp8_state
+        return 0 if rs is None or not hasattr(rs, "_skipped_fwd") else rs.skipped_updates()
+
     # -- checkpoints: FP8 metadata as extra state; checkpoints without it still load
     def get_extra_state(self):
+        """The FP8 metadata (amax history, scales, step counters) saved in ``state_dict``."""
         if self._fp8_state is None:
             return self._pending_fp8_extra_state
         return self._fp8_state.to_dict()
 
     def set_extra_state(self, state):
+        """Restore the FP8 metadata saved by ``get_extra_state``.
+
+        Parameters
+        ----------
+        state : dict or None
+            The saved metadata. An empty or missing state (a checkpoint from before FP8 was used, or
+            from another library) is accepted and leaves the state as it is.
+        """
         if not state:
             return
         if isinstance(state, dict) and self._fp8_state is not None:
@@ -175,6 +266,15 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     def activation_dtype(self, inp: torch.Tensor) -> torch.dtype:
         # is_cuda first: inp.device builds a device object per call (host time on every call)
+        """The dtype the module computes in for input ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            The call's input; its dtype is used unless ``torch.autocast`` is active on its device,
+            in
+            which case the autocast dtype is.
+        """
         kind = "cuda" if inp.is_cuda else inp.device.type
         if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
             return torch.get_autocast_dtype(kind)
@@ -190,3 +290,13 @@ def hp_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def tokens_of(x: torch.Tensor) -> int:
     return math.prod(x.shape[:-1])
+
+
+def get_workspace() -> torch.Tensor:
+    """The GEMM workspace of the current GPU and stream (the buffer every GEMM of this library on
+    that stream uses); an empty tensor on the reference backend, whose GEMM needs none."""
+    from .. import native
+    if torch.cuda.is_available() and native.native_for_torch() is not None:
+        from ..kernels.gemm import gemm_workspace
+        return gemm_workspace(torch.device("cuda", torch.cuda.current_device()))
+    return torch.empty(0, dtype=torch.uint8)

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
-from . import _gemms, _parallel, _wgrad
+from . import _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 
@@ -111,7 +111,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             start += m
             weight = ctx.weights[i]
             if ctx.bias_grad is not None and ctx.bias_grad[i]:
-                dbs[i] = (_gemms.bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
+                dbs[i] = (_reduce.bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
                           torch.zeros(out_features, dtype=ctx.bias_dtypes[i], device=dy.device))
             if m == 0:
                 if ctx.need_wgrad[i]:

@@ -1,22 +1,49 @@
 """te.LayerNorm: LayerNorm over the last dimension with the native forward/backward kernels."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 import torch
 
 from .. import kernels
+from ._input_check import call_checked
 from ._norm import param_for, reset_norm_params
 from .base import default_device
+from ._norm_args import resolve_norm_args
 
 
 class LayerNorm(torch.nn.Module):
-    """y = (x - mean) / sqrt(var + eps) * gamma + beta (gamma stored as gamma - 1 with
-    zero_centered_gamma)."""
+    """LayerNorm over the last dimension with native forward and backward kernels.
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
-                 device: Union[torch.device, str, None] = None, **_ignored):
+    Computes ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta``. The kernels run on NVIDIA
+    and AMD GPUs for float32, bfloat16 and
+    float16 inputs; elsewhere the reference implementation computes the same in float32.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Size of the normalised (last) dimension.
+    eps : float, default 1e-5
+        Added to the variance (or mean square) before the square root.
+    sequence_parallel : bool, default False
+        Marks the parameters as sequence-parallel, so that training frameworks all-reduce their
+        gradients over the tensor-parallel group.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``).
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
+        precision formats; the output is ``... * (1 + gamma)``.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    """
+
+    def __init__(self, normalized_shape: Union[int, Iterable[int], None] = None, eps: float = 1e-5,
+                 sequence_parallel: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 zero_centered_gamma: bool = False, hidden_size: Optional[int] = None, **kwargs):
+        hidden_size, params_dtype, device = resolve_norm_args(
+            "LayerNorm", normalized_shape, hidden_size, params_dtype, kwargs)
         super().__init__()
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.sequence_parallel = sequence_parallel
@@ -29,11 +56,31 @@ class LayerNorm(torch.nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self, defer_init: bool = False) -> None:
+        """(Re)initialise the parameters in place: scale ones (zeros if zero-centred), bias zeros.
+
+        Parameters
+        ----------
+        defer_init : bool, default False
+            When True, do nothing (initialisation is left to a later call).
+        """
         if defer_init:
             return
         reset_norm_params(self.weight, self.bias, self.zero_centered_gamma)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        """Normalise ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            Input of shape ``[..., hidden_size]``. Under ``torch.autocast`` it is computed in the
+            autocast dtype.
+
+        Returns
+        -------
+        torch.Tensor
+            The normalised tensor, of the input's shape.
+        """
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNorm: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size}")
@@ -43,3 +90,6 @@ class LayerNorm(torch.nn.Module):
         x = x.contiguous()
         return kernels.layernorm(x, param_for(self.weight, x), param_for(self.bias, x), self.eps,
                              self.zero_centered_gamma)
+
+    def __call__(self, *args, **kwargs):
+        return call_checked(self, "inp", torch.nn.Module.__call__, args, kwargs)

@@ -9,7 +9,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from . import _blockwise, _gemms, _parallel, _wgrad
+from ._nv_options import check_off
+from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -95,7 +96,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
                 dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
                     ln_saved, dy, ctx.weight, fuse, out_features, in_features))
             if db_dtype is not None and db is None:
-                db = _gemms.bias_grad_of(dy, db_dtype)
+                db = _reduce.bias_grad_of(dy, db_dtype)
         if fi.step is not None:
             fi.step.backward_finished()
         dx = dgamma = dbeta = None
@@ -118,7 +119,78 @@ class _LayerNormLinearFn(torch.autograd.Function):
 
 
 class LayerNormLinear(TransformerEngineBaseModule):
-    """Normalisation (LayerNorm or RMSNorm) followed by a linear layer, fused."""
+    """A normalisation (LayerNorm or RMSNorm) followed by a linear layer, fused.
+
+    Computes ``y = norm(x) W^T + b``. Under FP8 the norm kernel writes its output directly in FP8
+    (and its transpose for the weight gradient), so the normalised activations never round-trip
+    through memory in high precision. FP8 runs on NVIDIA sm_89 and newer (Ada, Hopper; OCP
+    E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP), and emulated on the reference
+    backend (CPU or any device without the native library). Under FP8 the token count and both
+    feature sizes
+    must be multiples of 16.
+
+    Parameters
+    ----------
+    in_features : int
+        Size of the last dimension of the input (the normalised dimension).
+    out_features : int
+        Size of the last dimension of the output.
+    eps : float, default 1e-5
+        Added to the variance (or mean square) before the square root.
+    sequence_parallel : bool, default False
+        With tensor parallelism (``tp_size > 1``), the input and output of the module are split
+        along the sequence dimension across the tensor-parallel group, and the module gathers or
+        reduce-scatters them around its GEMMs. Has no effect when ``tp_size`` is 1.
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate weight gradients into ``weight.main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel process group. ``None`` (default) means no tensor parallelism.
+    tp_size : int, default 1
+        Number of ranks in ``tp_group``; taken from the group when one is given. Any
+        ``torch.distributed`` backend (NCCL on NVIDIA, RCCL on AMD, gloo on the CPU).
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; weights are initialised under its fork so that
+        tensor-parallel shards draw different random numbers. ``None`` (default) uses the global
+        generator.
+    rng_tracker_name : str, optional
+        Name of the tracker's state to fork (default ``'model-parallel-rng'``).
+    init_method : callable, optional
+        Called as ``init_method(weight)`` to initialise each weight in place. Default: normal with
+        mean 0 and standard deviation 0.023.
+    bias : bool, default True
+        Whether the layer has a learnable additive bias.
+    return_bias : bool, default False
+        When True the bias is not added; ``forward`` returns ``(output, bias)`` so that the caller
+        can fuse the addition into a later operation.
+    normalization : {'LayerNorm', 'RMSNorm'}, default 'LayerNorm'
+        The normalisation applied to the input.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``): float32, bfloat16 or
+        float16. The compute dtype follows the input (or ``torch.autocast``).
+    parallel_mode : {None, 'column'}, default None
+        ``'column'`` splits the output features over the tensor-parallel group; ``None`` keeps
+        the whole weight on every rank. (A row split is not supported after a norm.)
+    return_layernorm_output : bool, default False
+        Also return the normalised input: ``forward`` returns ``(output, norm_output)`` (after the
+        bias, if ``return_bias``), e.g. to use it as a residual.
+    return_layernorm_output_gathered : bool, default False
+        With sequence parallelism, return the norm output after the all-gather over the sequence
+        dimension rather than the local shard.
+    parameters_split : tuple of str or dict of str to int, optional
+        Register the weight (and bias) as several named parameters split along the output
+        features, e.g. ``("query_", "key_", "value_")`` for equal parts or ``{"q": 64, "kv": 128}``
+        for given sizes. The parts are concatenated for the GEMM.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
+        precision formats; the output is ``... * (1 + gamma)``.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    name : str, optional
+        A name for the module, used in debug logging only.
+    """
     fp8_slots = (2, 1)
 
     def __init__(self, in_features: int, out_features: int, eps: float = 1e-5,
@@ -131,8 +203,15 @@ class LayerNormLinear(TransformerEngineBaseModule):
                  return_layernorm_output_gathered: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
                  zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
-                 name: Optional[str] = None, delay_wgrad_compute: bool = False, **_ignored):
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_name: Optional[str] = None,
+                 symmetric_ar_type: Optional[str] = None, name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        check_off("LayerNormLinear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+                  ub_bulk_dgrad=ub_bulk_dgrad, symmetric_ar_type=symmetric_ar_type)
         check_normalization("LayerNormLinear", normalization)
         if parallel_mode == "row":
             raise ValueError("LayerNormLinear: parallel_mode='row' is not supported (the norm needs "
@@ -170,9 +249,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
                          if bias else None)
         else:
             self.weight = self.bias = None
+            # every weight, then every bias (NVIDIA TE's order)
             for prefix, rows in self.splits:
                 self.register_parameter(prefix + "weight", self.make_weight(
                     (rows, in_features), dt, device, self._init_weight))
+            for prefix, rows in self.splits:
                 self.register_parameter(prefix + "bias", torch.nn.Parameter(
                     torch.zeros(rows, dtype=dt, device=device)) if bias else None)
         if device.type != "meta":
@@ -180,6 +261,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
         _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
+        """The tensor-parallel layout of the norm's input.
+
+        How the fused norm gathers a sequence-parallel input before the GEMM (nothing to do
+        without tensor parallelism).
+        """
         if self.parallel_mode != "column" or self.tp_size == 1:
             return _parallel.NO_TP
         return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)
@@ -188,6 +274,18 @@ class LayerNormLinear(TransformerEngineBaseModule):
         reset_norm_params(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
+        """(Re)initialise the parameters in place.
+
+        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights
+        get
+        ``init_method`` and biases zeros. Use it after creating the module on ``device='meta'`` and
+        calling ``to_empty()``.
+
+        Parameters
+        ----------
+        defer_init : bool, default False
+            When True, do nothing (initialisation is left to a later call).
+        """
         if defer_init:
             return
         self._reset_norm()
@@ -206,9 +304,32 @@ class LayerNormLinear(TransformerEngineBaseModule):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False, *, _pass_input: bool = False):
-        """norm(inp) @ W.T + b. _pass_input (internal: a residual connection around the block that
-        starts here) returns (the usual result, inp as a view) and adds the view's gradient into
-        inp's in the norm backward; where that cannot be fused, the view is plain inp."""
+        """Apply the norm and the linear layer to ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            Input of shape ``[..., in_features]``, float32, bfloat16 or float16.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
+            (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
+            weight on every call.
+        fp8_output : bool, default False
+            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned
+            in
+            the activation dtype.
+        fp8_grad : bool, default False
+            Accepted for compatibility; the input gradient is returned in the activation dtype.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            The output ``[..., out_features]``; with ``return_bias`` also the bias, and with
+            ``return_layernorm_output`` also the norm's output, in that order.
+        """
         pass_input = _pass_input and (self.activation_dtype(inp) == inp.dtype
                                       and self.norm_tp() is _parallel.NO_TP
                                       and not torch.compiler.is_compiling())

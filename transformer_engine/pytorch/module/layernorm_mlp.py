@@ -14,11 +14,12 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ._nv_options import check_off
 from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _blockwise, _fast, _gemms, _parallel, _wgrad
+from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -119,7 +120,7 @@ def _dact(module, da, h, b1_grad, dtype):
     act = module.activation
     if _gated(act):
         dh = _act_backward(module, da, h)
-        return dh, (_gemms.bias_grad_of(dh, dtype) if b1_grad else None)
+        return dh, (_reduce.bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 
@@ -236,7 +237,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
                     a_t, dy, ctx.weights[1], fuse, *w2_shape))
             if db2_dtype is not None and db2 is None:
-                db2 = _gemms.bias_grad_of(dy, db2_dtype)
+                db2 = _reduce.bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:
@@ -261,7 +262,75 @@ class _LayerNormMLPFn(torch.autograd.Function):
 
 
 class LayerNormMLP(TransformerEngineBaseModule):
-    """norm -> FC1 -> activation -> FC2, fused into one autograd Function."""
+    """A normalisation followed by a two-layer MLP, fused: ``FC2(act(FC1(norm(x))))``.
+
+    Under FP8 the norm writes FP8 directly, the activation kernel casts its output to FP8 as it
+    writes it, and the backward fuses the activation's derivative with the bias gradient. FP8 runs
+    on NVIDIA sm_89 and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and
+    gfx950 (OCP), and emulated on the reference backend (CPU or any device without the native
+    library).
+    Under FP8 the token count, ``hidden_size`` and ``ffn_hidden_size`` must be multiples of 16.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Size of the last dimension of the input and of the output.
+    ffn_hidden_size : int
+        Size of the intermediate (FC1 output) dimension.
+    eps : float, default 1e-5
+        Added to the variance (or mean square) before the square root.
+    sequence_parallel : bool, default False
+        With tensor parallelism (``tp_size > 1``), the input and output of the module are split
+        along the sequence dimension across the tensor-parallel group, and the module gathers or
+        reduce-scatters them around its GEMMs. Has no effect when ``tp_size`` is 1.
+    return_bias : bool, default False
+        When True FC2's bias is not added; ``forward`` returns ``(output, fc2_bias)``.
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; weights are initialised under its fork so that
+        tensor-parallel shards draw different random numbers.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel process group. ``None`` (default) means no tensor parallelism.
+    tp_size : int, default 1
+        Number of ranks in ``tp_group``; taken from the group when one is given. Any
+        ``torch.distributed`` backend (NCCL on NVIDIA, RCCL on AMD, gloo on the CPU).
+    init_method : callable, optional
+        Initialises FC1's weight in place (default: normal, standard deviation 0.023).
+    bias : bool, default True
+        Whether FC1 and FC2 have biases.
+    normalization : {'LayerNorm', 'RMSNorm'}, default 'LayerNorm'
+        The normalisation applied to the input.
+    activation : str, default 'gelu'
+        The activation between the GEMMs: ``'gelu'``, ``'relu'``, ``'qgelu'`` (quick GELU),
+        ``'srelu'`` (squared ReLU), ``'silu'``, or a gated one, for which FC1 produces twice
+        ``ffn_hidden_size`` features: ``'geglu'``, ``'reglu'``, ``'qgeglu'``, ``'sreglu'``,
+        ``'swiglu'``. All are supported on every backend.
+    output_layer_init_method : callable, optional
+        Initialises FC2's weight in place (default: as ``init_method``).
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate weight gradients into ``weight.main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``): float32, bfloat16 or
+        float16. The compute dtype follows the input (or ``torch.autocast``).
+    return_layernorm_output : bool, default False
+        Also return the normalised input: ``forward`` returns ``(output, norm_output)`` (after the
+        bias, if ``return_bias``), e.g. to use it as a residual.
+    return_layernorm_output_gathered : bool, default False
+        With sequence parallelism, return the norm output after the all-gather over the sequence
+        dimension rather than the local shard.
+    zero_centered_gamma : bool, default False
+        Store the norm's scale as ``gamma - 1`` (initialised to zero), which keeps it precise in low
+        precision formats; the output is ``... * (1 + gamma)``.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    set_parallel_mode : bool, default False
+        With tensor parallelism, split FC1 by columns and FC2 by rows over the group (the
+        Megatron-style MLP split; one all-reduce after FC2).
+    name : str, optional
+        A name for the module, used in debug logging only.
+    """
     fp8_slots = (4, 2)  # forward: norm out, FC1 weight, activation out, FC2 weight; backward: dy, dh
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5,
@@ -274,9 +343,18 @@ class LayerNormMLP(TransformerEngineBaseModule):
                  return_layernorm_output: bool = False,
                  return_layernorm_output_gathered: bool = False, zero_centered_gamma: bool = False,
                  device: Union[torch.device, str, None] = None, set_parallel_mode: bool = False,
-                 name: Optional[str] = None, delay_wgrad_compute: bool = False,
-                 activation_params: Optional[dict] = None, checkpoint: bool = False, **_ignored):
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, symmetric_ar_type: Optional[str] = None,
+                 name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, activation_params: Optional[dict] = None,
+                 checkpoint: bool = False):
         super().__init__()
+        check_off("LayerNormMLP", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size  # size hints only
         check_normalization("LayerNormMLP", normalization)
         if activation not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: activation is {activation!r}; expected one of "
@@ -319,10 +397,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
         for p in (self.layer_norm_weight, self.layer_norm_bias):
             if p is not None:
                 p.sequence_parallel = self.sequence_parallel
+        # NVIDIA TE's registration order: fc1 weight, fc1 bias, fc2 weight, fc2 bias
         self.fc1_weight = self.make_weight((fc1_out, hidden_size), dt, device, self._init_weight)
+        self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
         self.fc2_weight = self.make_weight((hidden_size, self.size_per_partition), dt, device,
                                            lambda w: self._init_weight(w, self.output_layer_init_method))
-        self.fc1_bias = torch.nn.Parameter(torch.zeros(fc1_out, dtype=dt, device=device)) if bias else None
         self.fc2_bias = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dt, device=device)) if bias else None
         if self.fc2_bias is not None:
             self.fc2_bias.sequence_parallel = self.sequence_parallel  # added after the reduce-scatter
@@ -334,6 +413,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
         _wgrad.mark_delayed_params(self)
 
     def norm_tp(self):
+        """The tensor-parallel layout of the norm's input.
+
+        How the fused norm gathers a sequence-parallel input before the GEMM (nothing to do
+        without tensor parallelism).
+        """
         if not (self.set_parallel_mode and self.tp_size > 1):
             return _parallel.NO_TP
         return _parallel.NormTP(self.tp_group, self.tp_size, True, self.sequence_parallel)
@@ -342,6 +426,18 @@ class LayerNormMLP(TransformerEngineBaseModule):
         reset_norm_params(self.layer_norm_weight, self.layer_norm_bias, self.zero_centered_gamma)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
+        """(Re)initialise the parameters in place.
+
+        The norm's scale gets ones (zeros with ``zero_centered_gamma``) and its bias zeros; weights
+        get
+        ``init_method`` and biases zeros. Use it after creating the module on ``device='meta'`` and
+        calling ``to_empty()``.
+
+        Parameters
+        ----------
+        defer_init : bool, default False
+            When True, do nothing (initialisation is left to a later call).
+        """
         if defer_init:
             return
         self._reset_norm()
@@ -354,8 +450,12 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self._quantize_deferred_weights()
 
     def residual_in_gemm(self) -> bool:
-        """Whether forward(inp, _add_input=True) can fuse the residual connection: FC2's output
-        whole on this rank with its bias added in the GEMM, and no norm output returned."""
+        """Whether a residual connection around this block can be added inside FC2's GEMM.
+
+        True when FC2's output is complete on this rank with its bias added in the GEMM and the
+        norm's
+        output is not returned. Used by :class:`TransformerLayer` to fuse its residual add.
+        """
         return not (self.return_bias or self.return_layernorm_output
                     or (self.set_parallel_mode and self.tp_size > 1))
 
@@ -374,8 +474,26 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None, *,
                 _add_input: bool = False):
-        """FC2(act(FC1(norm(inp)))); with _add_input (internal: TransformerLayer's pre-norm
-        residual connection, when residual_in_gemm()) inp + that, fused (see _LayerNormMLPFn)."""
+        """Apply the norm and the MLP to ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            Input of shape ``[..., hidden_size]``, float32, bfloat16 or float16.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
+            (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
+            weight on every call.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            The output ``[..., hidden_size]``; with ``return_bias`` also FC2's bias, and with
+            ``return_layernorm_output`` also the norm's output, in that order.
+        """
         if _add_input and not self.residual_in_gemm():
             raise ValueError("LayerNormMLP: _add_input needs return_bias=False, "
                              "return_layernorm_output=False and no tensor-parallel split")

@@ -11,8 +11,9 @@ from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from ..tensor import Float8Tensor
 from ..library import dispatch as K
-from . import _blockwise, _fast, _gemms, _parallel, _wgrad
+from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
+from ._nv_options import check_off
 
 
 class _LinearFn(torch.autograd.Function):
@@ -109,7 +110,7 @@ class _LinearFn(torch.autograd.Function):
         # high precision on the direct path: linear_hp_backward makes the bias gradient too (the
         # epilogue, or the column-sum kernels in the same call)
         native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
-        db = (_gemms.bias_grad_of(dy, ctx.bias_dtype)
+        db = (_reduce.bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
@@ -351,7 +352,79 @@ def split_weight_and_bias(module):
 
 
 class Linear(TransformerEngineBaseModule):
-    """Applies y = x W^T + b, with FP8 GEMMs inside `te.autocast`."""
+    """A fully connected layer, ``y = x W^T + b``, with FP8 GEMMs inside :func:`autocast`.
+
+    Outside an FP8 autocast the GEMM runs in the input's dtype (float32, bfloat16 or float16;
+    ``torch.autocast`` is respected). Inside one, the input, the weight and the output gradient are
+    cast to FP8 as the recipe says and the GEMMs run on FP8 tensor cores. FP8 runs on NVIDIA sm_89
+    and newer (Ada, Hopper; OCP E4M3/E5M2), on AMD gfx942 (MI300, FNUZ formats) and gfx950 (OCP),
+    and emulated on the reference backend (CPU or any device without the native library). Under FP8
+    the
+    number of tokens (the product of the input's leading dimensions) and both feature sizes must be
+    multiples of 16.
+
+    Parameters
+    ----------
+    in_features : int
+        Size of the last dimension of the input.
+    out_features : int
+        Size of the last dimension of the output.
+    sequence_parallel : bool, default False
+        With tensor parallelism (``tp_size > 1``), the input and output of the module are split
+        along the sequence dimension across the tensor-parallel group, and the module gathers or
+        reduce-scatters them around its GEMMs. Has no effect when ``tp_size`` is 1.
+    fuse_wgrad_accumulation : bool, default False
+        Accumulate weight gradients into ``weight.main_grad`` (a float32 tensor the caller
+        allocates, as Megatron-style optimizers do) instead of writing ``weight.grad``.
+    tp_group : torch.distributed.ProcessGroup, optional
+        The tensor-parallel process group. ``None`` (default) means no tensor parallelism.
+    tp_size : int, default 1
+        Number of ranks in ``tp_group``; taken from the group when one is given. Any
+        ``torch.distributed`` backend (NCCL on NVIDIA, RCCL on AMD, gloo on the CPU).
+    get_rng_state_tracker : callable, optional
+        Returns a :class:`CudaRNGStatesTracker`; weights are initialised under its fork so that
+        tensor-parallel shards draw different random numbers. ``None`` (default) uses the global
+        generator.
+    rng_tracker_name : str, optional
+        Name of the tracker's state to fork (default ``'model-parallel-rng'``).
+    init_method : callable, optional
+        Called as ``init_method(weight)`` to initialise each weight in place. Default: normal with
+        mean 0 and standard deviation 0.023.
+    bias : bool, default True
+        Whether the layer has a learnable additive bias.
+    return_bias : bool, default False
+        When True the bias is not added; ``forward`` returns ``(output, bias)`` so that the caller
+        can fuse the addition into a later operation.
+    params_dtype : torch.dtype, optional
+        Data type of the parameters (default ``torch.get_default_dtype()``): float32, bfloat16 or
+        float16. The compute dtype follows the input (or ``torch.autocast``).
+    parallel_mode : {None, 'column', 'row'}, default None
+        How the weight is split over the tensor-parallel group: ``'column'`` splits the output
+        features, ``'row'`` the input features (the outputs are then all-reduced); ``None``
+        keeps the whole weight on every rank.
+    skip_weight_param_allocation : bool, default False
+        Create no weight or bias parameters; ``forward`` must then be given ``weight`` (and
+        ``bias``) explicitly.
+    parameters_split : tuple of str or dict of str to int, optional
+        Register the weight (and bias) as several named parameters split along the output
+        features, e.g. ``("query_", "key_", "value_")`` for equal parts or ``{"q": 64, "kv": 128}``
+        for given sizes. The parts are concatenated for the GEMM.
+    device : torch.device or str, optional
+        Where the parameters are created: default the current CUDA/ROCm device when one exists,
+        else the CPU. ``'meta'`` defers allocation: call ``to_empty()`` and then
+        ``reset_parameters()`` to materialise the module.
+    name : str, optional
+        A name for the module, used in debug logging only.
+
+    Examples
+    --------
+    >>> import torch, transformer_engine.pytorch as te
+    >>> from transformer_engine.common import recipe
+    >>> layer = te.Linear(768, 3072)
+    >>> x = torch.randn(2048, 768, device=layer.weight.device)
+    >>> with te.autocast(recipe=recipe.DelayedScaling()):
+    ...     y = layer(x)
+    """
     fp8_slots = (2, 1)  # forward: input, weight; backward: output gradient
 
     def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
@@ -361,9 +434,17 @@ class Linear(TransformerEngineBaseModule):
                  params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
                  skip_weight_param_allocation: bool = False,
                  parameters_split: Optional[Union[tuple, dict]] = None,
-                 device: Union[torch.device, str, None] = None, name: Optional[str] = None,
-                 delay_wgrad_compute: bool = False, **_ignored):
+                 device: Union[torch.device, str, None] = None, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 ub_name: Optional[str] = None, symmetric_ar_type: Optional[str] = None,
+                 save_original_input: bool = False, name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
+        check_off("Linear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type,
+                  save_original_input=save_original_input)
         _parallel.check_parallel_mode("Linear", parallel_mode)
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.tp_group = tp_group
@@ -398,13 +479,16 @@ class Linear(TransformerEngineBaseModule):
             self._mark_parallel(self.weight, self.bias)
             return
         self.weight = self.bias = None
+        # every weight, then every bias: NVIDIA TE's registration order (state_dict keys and
+        # optimizer state line up with its checkpoints)
         for prefix, rows in self.splits:
-            w = self.make_weight((rows, shape_in), self.params_dtype, device, self._init_weight)
-            self.register_parameter(prefix + "weight", w)
+            self.register_parameter(prefix + "weight", self.make_weight(
+                (rows, shape_in), self.params_dtype, device, self._init_weight))
+        for prefix, rows in self.splits:
             b = (torch.nn.Parameter(torch.zeros(rows, dtype=self.params_dtype, device=device))
                  if self.use_bias else None)
             self.register_parameter(prefix + "bias", b)
-            self._mark_parallel(w, b)
+            self._mark_parallel(getattr(self, prefix + "weight"), b)
 
     def _mark_parallel(self, w, b):
         if self.parallel_mode in ("column", "row"):
@@ -415,7 +499,18 @@ class Linear(TransformerEngineBaseModule):
             b.sequence_parallel = True
 
     def reset_parameters(self, defer_init: bool = False) -> None:
-        """(Re)initialises the parameters in place, e.g. after to_empty() from device='meta'."""
+        """(Re)initialise the parameters in place.
+
+        Weights get ``init_method``, biases zeros. Use it after creating the module on
+        ``device='meta'`` and calling ``to_empty()``. Under :func:`quantized_model_init` the
+        weights are
+        then stored in FP8.
+
+        Parameters
+        ----------
+        defer_init : bool, default False
+            When True, do nothing (initialisation is left to a later call).
+        """
         if defer_init:
             return
         with torch.no_grad():
@@ -430,9 +525,19 @@ class Linear(TransformerEngineBaseModule):
         return split_weight_and_bias(self)
 
     def residual_in_gemm(self, residual: torch.Tensor, inp: torch.Tensor) -> bool:
-        """Whether forward(inp, _residual=residual) can add the residual in the GEMM: an output
-        of the residual's shape, the bias (if any) added in the GEMM too, no row-parallel
-        reduction after it."""
+        """Whether a residual connection around this layer can be added inside its GEMM.
+
+        True when the output has the residual's shape and device, the bias is added by the layer
+        (no ``return_bias``) and no row-parallel reduction follows the GEMM. Used by
+        :class:`TransformerLayer` to fuse its residual adds.
+
+        Parameters
+        ----------
+        residual : torch.Tensor
+            The tensor that would be added to the output.
+        inp : torch.Tensor
+            The input that would be passed to ``forward``.
+        """
         return (not self.return_bias and not (self.parallel_mode == "row" and self.tp_size > 1)
                 and residual.shape == (*inp.shape[:-1], self.out_features)
                 and residual.device == inp.device)
@@ -441,8 +546,36 @@ class Linear(TransformerEngineBaseModule):
                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                 fp8_output: bool = False, fp8_grad: bool = False, *,
                 _residual: Optional[torch.Tensor] = None):
-        """y = inp @ W.T + b. _residual (internal, TransformerLayer's residual connection; see
-        residual_in_gemm): also added, by the GEMM itself."""
+        """Apply the layer to ``inp``.
+
+        Parameters
+        ----------
+        inp : torch.Tensor
+            Input of shape ``[..., in_features]``, float32, bfloat16 or float16.
+        is_first_microbatch : bool, optional
+            With gradient accumulation over micro-batches: ``True`` on the first micro-batch of a
+            step
+            (the FP8 copy of the weight is cast and cached), ``False`` on the later ones (the cached
+            copy is reused, as the weights do not change within a step). ``None`` (default) casts
+            the
+            weight on every call.
+        weight : torch.Tensor, optional
+            The weight ``[out_features, in_features]`` to use; required (only) when the module was
+            made with ``skip_weight_param_allocation=True``.
+        bias : torch.Tensor, optional
+            The bias ``[out_features]`` to use together with ``weight``.
+        fp8_output : bool, default False
+            Accepted for compatibility with NVIDIA Transformer Engine's API; the output is returned
+            in
+            the activation dtype.
+        fp8_grad : bool, default False
+            Accepted for compatibility; the input gradient is returned in the activation dtype.
+
+        Returns
+        -------
+        torch.Tensor or tuple
+            The output ``[..., out_features]``; ``(output, bias)`` with ``return_bias``.
+        """
         if self.skip_weight_param_allocation:
             if weight is None:
                 raise ValueError("Linear: skip_weight_param_allocation=True needs the weight passed "

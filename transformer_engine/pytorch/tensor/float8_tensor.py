@@ -5,6 +5,14 @@ sees the dequantised value (data * scale_inv), so it behaves like a plain tensor
 (optimizer steps, copy_ from load_state_dict) compute in high precision and quantise back with a
 fresh per-tensor scale (current scaling), so the parameter never holds a high-precision copy.
 TE modules read `_data`, `_scale_inv` and the cached FP8 transpose directly.
+
+Quantizers: objects that turn a high-precision tensor into a quantized tensor with a given
+scaling rule, as NVIDIA Transformer Engine's public tensor API has them.
+
+Float8Quantizer: a given per-tensor scale (delayed scaling); each quantize maxes the input's
+amax into `amax`. Float8CurrentScalingQuantizer: the scale comes from the input's own amax at
+each quantize (optionally all-reduced over a group, floored at amax_epsilon, rounded down to a
+power of two). Both return Float8Tensor; `make_empty` allocates one without data.
 """
 from __future__ import annotations
 
@@ -14,11 +22,13 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ...common import fp8_formats
+from ..constants import DType, torch_dtype_of
+from .quantized_tensor import QuantizedTensor, copy_user_attributes
 
 aten = torch.ops.aten
 
 
-def _fp8_max(fp8_dtype: torch.dtype) -> float:
+def fp8_max_of_dtype(fp8_dtype: torch.dtype) -> float:
     fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
     return fp8_formats.fp8_max(fmt, flavor)
 
@@ -29,13 +39,31 @@ def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype):
     from ..quantization import scale_from_amax
     x = x.contiguous()
     amax = x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
-    scale = scale_from_amax(amax, torch.full((1,), _fp8_max(fp8_dtype), device=x.device), False)
+    scale = scale_from_amax(amax, torch.full((1,), fp8_max_of_dtype(fp8_dtype), device=x.device), False)
     data, scale_inv = quantize(x, scale.contiguous(), fp8_dtype)
     return data, scale_inv
 
 
-class Float8Tensor(torch.Tensor):
-    """FP8 data [shape] + scale_inv (one fp32 value), nominal dtype, cached FP8 transpose."""
+class Float8Tensor(QuantizedTensor):
+    """A tensor stored as FP8 data and one float32 inverse scale.
+
+    Behaves as a tensor of its nominal ``dtype``: operations that do not know about FP8
+    dequantise it (``data * scale_inv``). The modules use it for FP8-only weights (see
+    :func:`quantized_model_init`) and keep its transpose cached for the backward GEMMs.
+
+    Parameters
+    ----------
+    data : torch.Tensor
+        The FP8 values (a ``torch.float8_*`` dtype).
+    scale_inv : torch.Tensor
+        One-element float32 tensor: the factor that turns ``data`` back into real values.
+    dtype : torch.dtype
+        The nominal (high-precision) dtype, e.g. ``torch.bfloat16``.
+    requires_grad : bool, default False
+        Whether autograd tracks the tensor.
+
+    ``_quantizer`` (when set) is the quantizer that made the tensor, which in-place updates reuse.
+    """
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
@@ -45,12 +73,25 @@ class Float8Tensor(torch.Tensor):
         t._data = data
         t._scale_inv = scale_inv
         t._transpose_cache = None
+        t._quantizer = None
         return t
 
     @classmethod
     def quantize(cls, x: torch.Tensor, fp8_dtype: torch.dtype, dtype: Optional[torch.dtype] = None,
                  requires_grad: bool = False) -> "Float8Tensor":
-        """x quantised with its own amax (current scaling)."""
+        """Quantise ``x`` with its own amax (current scaling): ``scale = fp8_max / amax(x)``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The high-precision tensor.
+        fp8_dtype : torch.dtype
+            The FP8 dtype to store (see :func:`fp8_dtype` for the one a device uses).
+        dtype : torch.dtype, optional
+            The nominal dtype (default ``x.dtype``).
+        requires_grad : bool, default False
+            Whether autograd tracks the result.
+        """
         data, scale_inv = _quantize_current(x.detach(), fp8_dtype)
         return cls(data, scale_inv, dtype or x.dtype, requires_grad)
 
@@ -58,7 +99,52 @@ class Float8Tensor(torch.Tensor):
     def fp8_dtype(self) -> torch.dtype:
         return self._data.dtype
 
+    def _get_quantizer(self):
+        """The quantizer that made this tensor; one of current scaling (the rule that
+        Float8Tensor.quantize and in-place updates use) when it was made without one."""
+        if self._quantizer is None:
+            self._quantizer = Float8CurrentScalingQuantizer(self._data.dtype, self._data.device)
+        return self._quantizer
+
+    # NVIDIA TE's names for the cached FP8 transpose and whether it must be remade
+    @property
+    def _transpose(self) -> Optional[torch.Tensor]:
+        return self._transpose_cache
+
+    @property
+    def _transpose_invalid(self) -> bool:
+        return self._transpose_cache is None
+
+    @property
+    def _fp8_dtype(self):
+        from ..constants import TE_DType
+        return TE_DType[self._data.dtype]
+
+    def quantize_(self, tensor: torch.Tensor) -> "Float8Tensor":
+        """Overwrite the value with `tensor`, quantized by this tensor's quantizer (current
+        scaling when it has none)."""
+        if self._quantizer is not None:
+            self._quantizer.update_quantized(tensor.to(self.dtype), self)
+        else:
+            self._requantize_from(tensor.dequantize() if isinstance(tensor, QuantizedTensor) else tensor)
+        return self
+
+    # The high-precision value a weight was initialised with, kept (on the CPU) when the module
+    # was built under quantized_model_init(preserve_high_precision_init_val=True).
+    def get_high_precision_init_val(self) -> Optional[torch.Tensor]:
+        return self.__dict__.get("_high_precision_init_val")
+
+    def clear_high_precision_init_val(self) -> None:
+        self.__dict__.pop("_high_precision_init_val", None)
+
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The values in high precision (``data * scale_inv``).
+
+        Parameters
+        ----------
+        dtype : torch.dtype, optional
+            The result's dtype (default the nominal dtype).
+        """
         from ..kernels import dequantize
         return dequantize(self._data, self._scale_inv, dtype or self.dtype)
 
@@ -88,17 +174,21 @@ class Float8Tensor(torch.Tensor):
         if func in (aten.detach.default, aten.alias.default):
             src = args[0]
             out = Float8Tensor(src._data, src._scale_inv, src.dtype)
-            out._transpose_cache = src._transpose_cache
-            return out
+            out._transpose_cache, out._quantizer = src._transpose_cache, src._quantizer
+            return copy_user_attributes(src, out)
         if func is aten.clone.default and isinstance(args[0], Float8Tensor):
             src = args[0]
-            return Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
+            out = Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
+            out._quantizer = src._quantizer
+            return copy_user_attributes(src, out)
         if func is aten._to_copy.default and isinstance(args[0], Float8Tensor):
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype
             device = kwargs.get("device") or src.device
             if dtype in (torch.float32, torch.float16, torch.bfloat16):
-                return Float8Tensor(src._data.to(device), src._scale_inv.to(device), dtype)
+                out = Float8Tensor(src._data.to(device), src._scale_inv.to(device), dtype)
+                out._quantizer = src._quantizer
+                return copy_user_attributes(src, out)
         if func is aten.copy_.default and isinstance(args[0], Float8Tensor):
             dst, src = args[0], args[1]
             if isinstance(src, Float8Tensor) and src._data.dtype == dst._data.dtype:
@@ -120,3 +210,162 @@ class Float8Tensor(torch.Tensor):
 
 def _rebuild_float8_tensor(data, scale_inv, dtype, requires_grad):
     return Float8Tensor(data, scale_inv, dtype, requires_grad)
+
+
+# ----- quantizers ---------------------------------------------------------------------------------
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def _fp8_torch_dtype(who: str, fp8_dtype, device) -> torch.dtype:
+    if not isinstance(fp8_dtype, (DType, torch.dtype)):
+        raise TypeError(f"{who}: fp8_dtype must be a transformer_engine.pytorch.DType or torch FP8 "
+                        f"dtype, got {fp8_dtype!r}")
+    dt = torch_dtype_of(fp8_dtype, device)
+    if dt not in _FP8_DTYPES:
+        raise ValueError(f"{who}: fp8_dtype is {fp8_dtype!r}; expected an FP8 type (E4M3 or E5M2)")
+    return dt
+
+
+class Quantizer:
+    """Common part: which usages (rowwise data, columnwise = transposed data) to produce."""
+
+    def __init__(self, rowwise: bool = True, columnwise: bool = True):
+        self.rowwise_usage = bool(rowwise)
+        self.columnwise_usage = bool(columnwise)
+        self.internal = False
+
+    def set_usage(self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None) -> None:
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+
+    def __call__(self, tensor: torch.Tensor) -> Float8Tensor:
+        return self.quantize(tensor)
+
+    def _check_input(self, tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}.quantize: expected a torch.Tensor, got "
+                            f"{type(tensor).__name__}")
+        if isinstance(tensor, Float8Tensor):
+            tensor = tensor.dequantize()
+        if not tensor.is_floating_point():
+            raise TypeError(f"{type(self).__name__}.quantize: expected a floating-point tensor, "
+                            f"got {tensor.dtype}")
+        return tensor
+
+    def _finish(self, x: torch.Tensor, data, scale_inv, dtype, out: Optional[Float8Tensor]):
+        if out is not None:
+            out._data.copy_(data.view(out._data.shape))
+            out._scale_inv.copy_(scale_inv)
+            out._transpose_cache = None
+            return out
+        t = Float8Tensor(data.view(x.shape), scale_inv, dtype or x.dtype)
+        t._quantizer = self
+        if self.columnwise_usage and x.dim() == 2 and x.numel():
+            t.transpose_fp8()  # made now, as the quantizer was asked for the columnwise copy
+        return t
+
+    def make_empty(self, shape, dtype: torch.dtype = torch.float32,
+                   device: Optional[torch.device] = None, requires_grad: bool = False) -> Float8Tensor:
+        device = torch.device(device) if device is not None else self._device()
+        data = torch.empty(tuple(shape), dtype=self.dtype, device=device)
+        scale_inv = torch.ones(1, dtype=torch.float32, device=device)
+        t = Float8Tensor(data, scale_inv, dtype, requires_grad)
+        t._quantizer = self
+        return t
+
+    def update_quantized(self, src: torch.Tensor, dst: Float8Tensor) -> Float8Tensor:
+        """dst's data re-made from src with this quantizer's rule."""
+        return self.quantize(src, out=dst)
+
+
+class Float8Quantizer(Quantizer):
+    """FP8 with a given scale (delayed scaling): data = cast(x * scale), scale_inv = 1/scale;
+    amax <- max(amax, max|x|)."""
+
+    def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True,
+                 columnwise: bool = True):
+        super().__init__(rowwise, columnwise)
+        who = "Float8Quantizer"
+        for name, t in (("scale", scale), ("amax", amax)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
+                raise TypeError(f"{who}: {name} must be a one-element float32 tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} with "
+                                f"{getattr(t, 'numel', lambda: '?')()} elements")
+        self.scale, self.amax = scale, amax
+        self.dtype = _fp8_torch_dtype(who, fp8_dtype, scale.device)
+
+    def _device(self):
+        return self.scale.device
+
+    def quantize(self, tensor: torch.Tensor, *, out: Optional[Float8Tensor] = None,
+                 dtype: Optional[torch.dtype] = None) -> Float8Tensor:
+        from ..kernels import quantize
+        x = self._check_input(tensor).contiguous()
+        scale = self.scale.reshape(1).to(x.device)
+        amax = self.amax.reshape(1)
+        if x.numel():
+            data, scale_inv = quantize(x, scale, self.dtype, amax if amax.device == x.device else None)
+            if amax.device != x.device:
+                amax.copy_(torch.maximum(amax, x.abs().amax().float().reshape(1).to(amax.device)))
+        else:
+            data = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+            scale_inv = torch.reciprocal(scale)
+        return self._finish(x, data, scale_inv, dtype, out)
+
+
+class Float8CurrentScalingQuantizer(Quantizer):
+    """FP8 with scale = fp8_max / amax(x) computed for each quantize (amax all-reduced over
+    amax_reduction_group when with_amax_reduction, floored at amax_epsilon; a power of two when
+    force_pow_2_scales). `scale` and `amax` hold the last quantize's values."""
+
+    def __init__(self, fp8_dtype, device=None, *, rowwise: bool = True, columnwise: bool = True,
+                 use_existing_amax: bool = False, with_amax_reduction: bool = False,
+                 amax_reduction_group=None, force_pow_2_scales: bool = False,
+                 amax_epsilon: float = 0.0):
+        super().__init__(rowwise, columnwise)
+        who = "Float8CurrentScalingQuantizer"
+        if device is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(device)
+        self.dtype = _fp8_torch_dtype(who, fp8_dtype, device)
+        if amax_epsilon < 0:
+            raise ValueError(f"{who}: amax_epsilon is {amax_epsilon}; expected >= 0")
+        self.device = device
+        self.scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.amax = torch.zeros(1, dtype=torch.float32, device=device)
+        self.use_existing_amax = use_existing_amax
+        self.with_amax_reduction = with_amax_reduction
+        self.amax_reduction_group = amax_reduction_group
+        self.force_pow_2_scales = force_pow_2_scales
+        self.amax_epsilon = float(amax_epsilon)
+
+    def _device(self):
+        return self.device
+
+    def quantize(self, tensor: torch.Tensor, *, out: Optional[Float8Tensor] = None,
+                 dtype: Optional[torch.dtype] = None) -> Float8Tensor:
+        from ..kernels import quantize
+        from ..quantization import scale_from_amax
+        x = self._check_input(tensor).contiguous()
+        if not self.use_existing_amax:
+            amax = x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+            if self.with_amax_reduction:
+                import torch.distributed as dist
+                if dist.is_available() and dist.is_initialized():
+                    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
+            self.amax = amax.to(self.device)
+        amax = self.amax.to(x.device)
+        if self.amax_epsilon:
+            amax = torch.clamp(amax, min=self.amax_epsilon)
+        fp8_max = torch.full((1,), fp8_max_of_dtype(self.dtype), device=x.device)
+        scale = scale_from_amax(amax, fp8_max, self.force_pow_2_scales).contiguous()
+        self.scale = scale.to(self.device)
+        if x.numel():
+            data, scale_inv = quantize(x, scale, self.dtype)
+        else:
+            data = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+            scale_inv = torch.reciprocal(scale)
+        return self._finish(x, data, scale_inv, dtype, out)

@@ -2,7 +2,7 @@
  *
  * Each group holds n tensors of one FP8 format: an amax history [history_len, n] (fp32, row 0 is
  * the current step's amax, written there by the quantizing kernels), and scale / scale_inv [n].
- * For every tensor j of every group:
+ * For every tensor j of every group whose current amax history[0, j] is finite:
  *
  *   amax     = max_l history[l, j]            (algo kNVTEAmaxMax)
  *            = history[0, j]                   (algo kNVTEAmaxMostRecent)
@@ -10,6 +10,10 @@
  *   s        = (fp8_max / amax) / 2^margin
  *   scale[j] = s if amax > 0, amax finite and s finite, else scale[j] unchanged
  *   scale_inv[j] = 1 / scale[j]
+ *
+ * A non-finite history[0, j] (NaN or +-inf: a step that overflowed) never enters the history:
+ * the history is not rolled, history[0, j] = 0, scale[j] and scale_inv[j] keep the last finite
+ * update's values, and skipped[j] (when the group's skipped pointer is not null) grows by one.
  *
  * Groups are passed as a host array; the kernel arguments carry their pointers, so no host
  * synchronisation or device allocation happens and the call is safe under graph capture.
@@ -39,6 +43,8 @@ typedef struct {
   int64_t history_len;
   int64_t num_tensors;
   float fp8_max;       /* largest finite value of the group's format on this device */
+  int32_t* skipped;    /* [num_tensors] updates skipped for a non-finite amax, or NULL (last, so
+                          a 6-value initializer leaves it NULL) */
 } NVTEScalingGroup;
 
 NVTEStatus nvte_delayed_scaling_update(const NVTEScalingGroup* groups, int64_t num_groups,

@@ -1,4 +1,4 @@
-"""tests/build: checks of the build machinery that run on any machine (no GPU, no sysroot).
+"""tests/buildsys: checks of the build machinery that run on any machine (no GPU, no sysroot).
 build_tools lives at the repository root, which pytest does not put on sys.path by itself."""
 import os
 import sys

@@ -1,0 +1,62 @@
+"""Bad input is refused at the public module's entry, with an error that names the module and
+its argument: non-float inputs of the modules, and thd cu_seqlens that are not cumulative
+lengths within the tokens (decreasing, not starting at 0, past the end, wrong dtype or device)."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+
+from utils import DEVICES, randn
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_modules_name_themselves_for_non_float_input(device, dtype):
+    cases = [(te.Linear(32, 48, device=device), (5, 32), "inp"),
+             (te.LayerNormLinear(32, 48, device=device), (5, 32), "inp"),
+             (te.LayerNormMLP(32, 48, device=device), (5, 32), "inp"),
+             (te.LayerNorm(32, device=device), (5, 32), "inp"),
+             (te.RMSNorm(32, device=device), (5, 32), "inp"),
+             (te.TransformerLayer(32, 48, 2, device=device), (5, 2, 32), "hidden_states")]
+    for module, shape, arg in cases:
+        x = (randn(shape, torch.float32, device) * 4).to(dtype)
+        name = type(module).__name__
+        with pytest.raises(ValueError, match=f"^te\\.{name}: {arg} has dtype {str(dtype)[6:]}; "
+                                             f"expected a floating-point tensor"):
+            module(x)
+        assert module(randn(shape, torch.float32, device)).shape[:-1] == shape[:-1]
+
+
+def _thd(device, tokens=23, heads=2, dim=16):
+    dpa = te.DotProductAttention(heads, dim, qkv_format="thd", attn_mask_type="padding_causal")
+    q = randn((tokens, heads, dim), torch.float32, device, seed=1)
+    return dpa, q
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cu, match", [
+    ([0, 9, 5, 23], "cu_seqlens_q is not non-decreasing"),
+    ([2, 9, 15, 23], "cu_seqlens_q starts at 2; expected 0"),
+    ([0, 9, 15, 30], "cu_seqlens_q ends at 30, beyond the 23 tokens"),
+])
+def test_thd_cu_seqlens_are_checked(device, cu, match):
+    dpa, q = _thd(device)
+    good = torch.tensor([0, 9, 15, 23], dtype=torch.int32, device=device)
+    bad = torch.tensor(cu, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=f"^DotProductAttention: {match}"):
+        dpa(q, q, q, cu_seqlens_q=bad, cu_seqlens_kv=good)
+    with pytest.raises(ValueError, match=f"^DotProductAttention: {match.replace('_q', '_kv')}"):
+        dpa(q, q, q, cu_seqlens_q=good, cu_seqlens_kv=bad)
+    assert dpa(q, q, q, cu_seqlens_q=good, cu_seqlens_kv=good).shape[0] == 23
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_thd_cu_seqlens_dtype_and_device(device):
+    dpa, q = _thd(device)
+    good = torch.tensor([0, 9, 15, 23], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="DotProductAttention: cu_seqlens_q has dtype int64"):
+        dpa(q, q, q, cu_seqlens_q=good.long(), cu_seqlens_kv=good)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="DotProductAttention: cu_seqlens_kv is on cpu; "
+                                             "expected the device of the tokens"):
+            dpa(q, q, q, cu_seqlens_q=good, cu_seqlens_kv=good.cpu())

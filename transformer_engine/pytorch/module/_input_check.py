@@ -1,0 +1,21 @@
+"""The first check of a module call: its input is a floating-point tensor. Made at the module's
+entry so that the error names the module and its argument (te.Linear: inp), not the first
+internal op that would have refused the tensor."""
+from __future__ import annotations
+
+import torch
+
+FLOAT_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_float_input(module: torch.nn.Module, arg: str, x) -> None:
+    if isinstance(x, torch.Tensor) and x.dtype not in FLOAT_INPUT_DTYPES:
+        raise ValueError(f"te.{type(module).__name__}: {arg} has dtype "
+                         f"{str(x.dtype).replace('torch.', '')}; expected a floating-point tensor "
+                         f"(float32, float16 or bfloat16)")
+
+
+def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs):
+    """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword)."""
+    check_float_input(module, arg, args[0] if args else kwargs.get(arg))
+    return nn_call(module, *args, **kwargs)
