@@ -26,6 +26,14 @@ void register_cast(py::module_& m) {
     NVTETensor i = tensor_from_tuple(in);
     check_status(nvte_compute_amax(&i, reinterpret_cast<float*>(amax), stream_from_int(stream)));
   });
+  // out_t None: no transposed output. block_dim 1 (1x128) or 2 (128x128).
+  m.def("quantize_blockwise", [](const py::tuple& in, const py::tuple& out, const py::object& out_t,
+                                 int block_dim, bool pow2_scales, uintptr_t stream) {
+    NVTETensor i = tensor_from_tuple(in), o = tensor_from_tuple(out), t{};
+    if (!out_t.is_none()) t = tensor_from_tuple(out_t.cast<py::tuple>());
+    check_status(nvte_quantize_blockwise(&i, &o, out_t.is_none() ? nullptr : &t, block_dim,
+                                         pow2_scales, stream_from_int(stream)));
+  });
   m.def("transpose", [](const py::tuple& in, const py::tuple& out, uintptr_t stream) {
     NVTETensor i = tensor_from_tuple(in), o = tensor_from_tuple(out);
     check_status(nvte_transpose(&i, &o, stream_from_int(stream)));

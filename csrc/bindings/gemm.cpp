@@ -36,6 +36,18 @@ void register_gemm(py::module_& m) {
       py::arg("bias"), py::arg("aux"), py::arg("epilogue"), py::arg("alpha"), py::arg("beta"),
       py::arg("use_fast_accum"), py::arg("workspace"), py::arg("workspace_size"),
       py::arg("stream"), py::arg("c") = py::none());
+  // nvte_gemm_block_scaled: a_mode / b_mode are NVTEGemmScaleMode codes; bias None when unused.
+  m.def("gemm_block_scaled", [](const py::tuple& a, int a_mode, const py::tuple& b, int b_mode,
+                                const py::tuple& d, const py::object& bias, uintptr_t workspace,
+                                size_t workspace_size, uintptr_t stream) {
+    NVTETensor ta = tensor_from_tuple(a), tb = tensor_from_tuple(b), td = tensor_from_tuple(d);
+    NVTETensor tbias{};
+    if (!bias.is_none()) tbias = tensor_from_tuple(bias.cast<py::tuple>());
+    check_status(nvte_gemm_block_scaled(
+        &ta, static_cast<NVTEGemmScaleMode>(a_mode), &tb, static_cast<NVTEGemmScaleMode>(b_mode),
+        &td, bias.is_none() ? nullptr : &tbias, reinterpret_cast<void*>(workspace),
+        workspace_size, stream_from_int(stream)));
+  });
   m.def("gemm_workspace_size", [] { return nvte_gemm_workspace_size(); });
 }
 

@@ -42,6 +42,11 @@ constexpr float kTuneBatchMs = 0.5f;
 constexpr int kTuneMaxBatch = 16;
 constexpr float kTuneMargin = 0.97f;
 
+// The first cuBLASLt with 1x128 / 128x128 block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+// _BLK128x128_32F), in cublasLtGetVersion()'s encoding; before Blackwell those modes exist on sm_90
+// only.
+constexpr size_t kBlockScalingMinVersion = 120900;
+
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw Error(status == CUBLAS_STATUS_NOT_SUPPORTED ? kNVTEUnsupported : kNVTEDeviceError,
@@ -122,6 +127,26 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
                "cublasLtMatmulPreferenceSetAttribute");
 }
 
+#if CUBLAS_VERSION >= 120900
+int32_t lt_scale_mode(NVTEGemmScaleMode m) {
+  switch (m) {
+    case kNVTEGemmScaleBlock1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case kNVTEGemmScaleBlock128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+
+void set_block_scale_modes(cublasLtMatmulDesc_t desc, const GemmArgs& g) {
+  set_desc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(g.a_scale_mode));
+  set_desc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(g.b_scale_mode));
+}
+#else
+void set_block_scale_modes(cublasLtMatmulDesc_t, const GemmArgs&) {
+  TE_UNSUPPORTED("Float8BlockScaling needs cuBLASLt >= 12.9 on sm_90; this library was built "
+                 "against cuBLAS ", CUBLAS_VERSION);
+}
+#endif
+
 // Descriptors and algorithm of one cached problem.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -189,6 +214,7 @@ bool build_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, bool fused)
     const int8_t fast = g.fast_accum ? 1 : 0;
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
   }
+  if (is_block_scaled(g)) set_block_scale_modes(p.desc, g);
   const uint32_t epi = fused ? lt_epilogue(g.epilogue) : CUBLASLT_EPILOGUE_DEFAULT;
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
   if (fused && epilogue_uses_bias(g.epilogue)) {
@@ -362,6 +388,12 @@ const char* backend_name() { return "cuBLASLt"; }
 void backend_check(const GemmArgs& g) {
   if (!is_fp8_type(g.a_type)) return;
   const int cc = device_state(current_device()).compute_capability;
+  if (is_block_scaled(g)) {
+    const size_t version = cublasLtGetVersion();
+    if (cc != 90 || version < kBlockScalingMinVersion || CUBLAS_VERSION < 120900)
+      TE_UNSUPPORTED("Float8BlockScaling needs cuBLASLt >= 12.9 on sm_90 (Hopper); this device "
+                     "is sm_", cc, " and the loaded cuBLASLt is version ", version);
+  }
   if (cc < 89)
     TE_UNSUPPORTED("FP8 GEMM needs FP8 tensor cores (sm_89 or newer); this device is sm_", cc);
   // Before Blackwell, cuBLASLt's FP8 kernels read both operands K-major: the TN layout only.

@@ -244,6 +244,9 @@ const Plan& plan_for(const GemmArgs& g, int device, const DeviceState& dev) {
 }  // namespace
 
 void hipblaslt_check(const GemmArgs& g) {
+  if (is_block_scaled(g))
+    TE_UNSUPPORTED("Float8BlockScaling (block-scaled FP8 GEMM) is not supported by hipBLASLt "
+                   "here; it needs cuBLASLt >= 12.9 on sm_90");
   if (!is_fp8_type(g.a_type) && !is_fp8_type(g.d_type)) return;
   const DeviceState& dev = device_state(current_device());
   if (dev.fp8 == Fp8Kind::kNone)

@@ -68,6 +68,9 @@ bool fits_int32(int64_t v) { return v >= 0 && v <= INT_MAX; }
 }  // namespace
 
 void rocblas_check(const GemmArgs& g) {
+  if (is_block_scaled(g))
+    TE_UNSUPPORTED("Float8BlockScaling (block-scaled FP8 GEMM) is not supported by rocBLAS; it "
+                   "needs cuBLASLt >= 12.9 on sm_90");
   if (is_fp8_type(g.a_type) || is_fp8_type(g.d_type))
     TE_UNSUPPORTED("FP8 GEMM (", describe_problem(g), ") is not supported by rocBLAS; set "
                    "NVTE_USE_HIPBLASLT=1 to use hipBLASLt");

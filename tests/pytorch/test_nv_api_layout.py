@@ -45,7 +45,9 @@ def test_support_checks_have_nv_shapes():
     assert "MXFP8BlockScaling" in fp8.check_mxfp8_support()[1]
     ok = te.is_fp8_available()
     assert isinstance(ok, bool) and te.is_fp8_available(return_reason=True)[0] is ok
-    assert te.is_mxfp8_available() is False and te.is_fp8_block_scaling_available() is False
+    assert te.is_mxfp8_available() is False
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    assert te.is_fp8_block_scaling_available() is (hopper and te.is_fp8_available())
     with pytest.raises(TypeError, match="return_reason must be a bool"):
         te.is_fp8_available("cpu")
 

@@ -99,8 +99,7 @@ def test_recipe_field_set_after_construction_is_checked_at_autocast():
             pass
 
 
-@pytest.mark.parametrize("cls", [recipe.MXFP8BlockScaling, recipe.Float8BlockScaling,
-                                 recipe.NVFP4BlockScaling])
+@pytest.mark.parametrize("cls", [recipe.MXFP8BlockScaling, recipe.NVFP4BlockScaling])
 def test_block_scaled_recipes_exist_and_are_refused_when_used(cls):
     r = cls()
     assert r.mxfp8() == (cls is recipe.MXFP8BlockScaling)
@@ -111,6 +110,17 @@ def test_block_scaled_recipes_exist_and_are_refused_when_used(cls):
             with ctx():
                 pass
     # the refusal left no state behind: modules built now are plain
+    assert not isinstance(te.Linear(16, 16, device="cpu").weight, te.QuantizedTensor)
+
+
+def test_block_scaling_recipe_is_accepted_by_autocast_not_by_quantized_model_init():
+    r = recipe.Float8BlockScaling()
+    assert r.float8_block_scaling() and not r.mxfp8() and not r.nvfp4()
+    with te.autocast(recipe=r):
+        pass
+    with pytest.raises(NotImplementedError, match="quantized_model_init: FP8 weights under Float8BlockScaling"):
+        with te.quantized_model_init(recipe=r):
+            pass
     assert not isinstance(te.Linear(16, 16, device="cpu").weight, te.QuantizedTensor)
 
 

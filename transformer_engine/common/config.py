@@ -94,3 +94,9 @@ def jax_custom_call_enabled(name: str) -> bool:
         raise ValueError(f"environment variable NVTE_JAX_CUSTOM_CALLS={value!r}: mix of names and "
                          f"'-name'; give either the ones to turn on or the ones to turn off")
     return name in items
+
+
+def fp8_block_scaling_fp32_scales() -> bool:
+    """NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1: Float8BlockScaling's default scales are any fp32
+    value instead of powers of two."""
+    return bool(_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", False))

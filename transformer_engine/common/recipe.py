@@ -405,51 +405,120 @@ class MXFP8BlockScaling(_UnsupportedRecipe):
 
 @_accepts_legacy_fields
 @dataclasses.dataclass()
-class Float8BlockScaling(_UnsupportedRecipe):
-    """FP8 with 1x128 (activations, gradients) and 128x128 (weights) blocks of scales.
+class Float8BlockScaling(Recipe):
+    """Block-wise FP8 with scales from each block's own amax, computed at every cast.
 
-    Whether it runs on the current device:
+    Activations and gradients are scaled in 1x128 blocks along the GEMM's reduction dimension,
+    weights in 128x128 tiles; ``scale = fp8_max / amax`` per block, rounded down to a power of
+    two unless ``use_f32_scales``. The GEMMs accumulate in full precision. Runs natively with
+    cuBLASLt >= 12.9 on sm_90 (Hopper) and on the reference backend everywhere (dequantise, then
+    an fp32 matmul); other GPUs raise NotImplementedError. Modules: Linear, LayerNormLinear,
+    LayerNormMLP. Whether it runs on the current device:
     :func:`transformer_engine.pytorch.is_fp8_block_scaling_available`.
 
     Parameters
     ----------
-    use_f32_scales : bool, default False
-        Keep each block's scale as computed (FP32) instead of rounding it to a power of two.
+    use_f32_scales : bool, optional
+        Keep each block's scale as computed (FP32) instead of rounding it down to a power of two.
+        ``None`` (default) reads ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES`` (``1``: FP32 scales) when
+        the recipe is constructed.
     fp8_format : Format, default Format.E4M3
-        The FP8 formats of the data (must be a :class:`Format`, else TypeError).
+        The FP8 formats of the data: ``Format.E4M3`` or ``Format.HYBRID`` (E5M2 gradients);
+        ``Format.E5M2`` raises ValueError.
+    fp8_quant_fwd_inp : QParams, optional
+        Quantization options of the forward input (NVIDIA TE's field); only the defaults
+        (``amax_epsilon`` 0, no Hadamard transform) are accepted.
+    fp8_quant_fwd_weight : QParams, optional
+        The same for the weights.
+    fp8_quant_bwd_grad : QParams, optional
+        The same for the output gradients.
     x_block_scaling_dim : int, default 1
         Blocks of the activations: 1 for 1x128, 2 for 128x128.
     w_block_scaling_dim : int, default 2
         Blocks of the weights: 1 for 1x128, 2 for 128x128.
     grad_block_scaling_dim : int, default 1
-        Blocks of the output gradients: 1 for 1x128, 2 for 128x128.
-    fp8_gemm_fprop : MMParams, default MMParams(use_split_accumulator=True)
+        Blocks of the output gradients: 1 for 1x128, 2 for 128x128. Two 128x128 operands in one
+        GEMM are refused.
+    fp8_gemm_fprop : MMParams, default MMParams()
         Options of the forward GEMM.
-    fp8_gemm_dgrad : MMParams, default MMParams(use_split_accumulator=True)
+    fp8_gemm_dgrad : MMParams, default MMParams()
         Options of the input-gradient GEMM.
-    fp8_gemm_wgrad : MMParams, default MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad : MMParams, default MMParams()
         Options of the weight-gradient GEMM.
     fp8_dpa : bool, default False
-        FP8 attention; stored only (the recipe does not run).
+        FP8 attention is not implemented: only False is accepted.
     fp8_mha : bool, default False
-        FP8 for the whole multi-head attention block; stored only.
-    backward_override : {None, 'high_precision', 'dequantized'}, default None
-        How the backward GEMMs would run (None: quantized, like the forward;
-        ``'high_precision'``: on the unquantized forward inputs; ``'dequantized'``: on the
-        dequantized forward copies). Checked against these values (else ValueError) and stored.
+        As ``fp8_dpa``: only False is accepted.
+    backward_override : None, default None
+        Only ``None`` (the backward GEMMs quantized like the forward) is implemented; other values
+        raise NotImplementedError.
     """
-    use_f32_scales: bool = False
+    use_f32_scales: Optional[bool] = None
     fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp: Optional[QParams] = None
+    fp8_quant_fwd_weight: Optional[QParams] = None
+    fp8_quant_bwd_grad: Optional[QParams] = None
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
-    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=True)
-    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
-    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_fprop: MMParams = MMParams()
+    fp8_gemm_dgrad: MMParams = MMParams()
+    fp8_gemm_wgrad: MMParams = MMParams()
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = None
-    _needs = "block-scaled FP8 quantize and GEMM kernels, which are not implemented here"
+
+    def __post_init__(self):
+        who = "Float8BlockScaling"
+        if self.backward_override is not None:
+            raise NotImplementedError(f"{who}: backward_override={self.backward_override!r}; only "
+                                      "None (FP8 backward GEMMs) is supported")
+        if self.use_f32_scales is None:
+            from .config import fp8_block_scaling_fp32_scales
+            self.use_f32_scales = fp8_block_scaling_fp32_scales()
+        default = QParams(power_2_scale=not self.use_f32_scales)
+        for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, default)
+            elif not isinstance(value, QParams):
+                raise TypeError(f"{who}: {name} must be a recipe.QParams, got {value!r}")
+            elif value.amax_epsilon != 0.0:
+                raise NotImplementedError(f"{who}: {name}.amax_epsilon={value.amax_epsilon}; only "
+                                          "0.0 is supported")
+        if not isinstance(self.fp8_format, Format):
+            raise TypeError(f"{who}: fp8_format must be a recipe.Format, got {self.fp8_format!r}")
+        if self.fp8_format is Format.E5M2:
+            raise ValueError(f"{who}: fp8_format=E5M2 is not supported; expected E4M3 or HYBRID")
+        dims = {"x_block_scaling_dim": self.x_block_scaling_dim,
+                "w_block_scaling_dim": self.w_block_scaling_dim,
+                "grad_block_scaling_dim": self.grad_block_scaling_dim}
+        for name, dim in dims.items():
+            if dim not in (1, 2):
+                raise ValueError(f"{who}: {name}={dim!r}; expected 1 (1x128) or 2 (128x128)")
+        pairs = (("x", "w"), ("x", "grad"), ("w", "grad"))
+        for p, q in pairs:
+            if dims[f"{p}_block_scaling_dim"] == 2 and dims[f"{q}_block_scaling_dim"] == 2:
+                raise ValueError(f"{who}: {p}_block_scaling_dim and {q}_block_scaling_dim are both "
+                                 "2; a GEMM cannot take two 128x128-blocked operands")
+        for name in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            mm = getattr(self, name)
+            if not isinstance(mm, MMParams) or not mm.use_split_accumulator:
+                raise ValueError(f"{who}: {name} must be MMParams(use_split_accumulator=True); "
+                                 "block scaling needs the full-precision accumulator")
+        if self.fp8_dpa or self.fp8_mha:
+            raise NotImplementedError(f"{who}: fp8_dpa / fp8_mha (FP8 attention) are not "
+                                      "supported with block scaling")
+
+    def float8_block_scaling(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return (f"recipe_type={type(self).__name__}, format={self.fp8_format.name}, "
+                f"use_f32_scales={self.use_f32_scales}, "
+                f"x_block_scaling_dim={self.x_block_scaling_dim}, "
+                f"w_block_scaling_dim={self.w_block_scaling_dim}, "
+                f"grad_block_scaling_dim={self.grad_block_scaling_dim}")
 
 
 @_accepts_legacy_fields

@@ -26,7 +26,7 @@ def _fp8_support(device=None) -> Tuple[bool, str]:
 
 
 def _block_scaled_support(recipe_name: str) -> Tuple[bool, str]:
-    """Block-scaled recipes (MXFP8, NVFP4, Float8BlockScaling) run on no device here."""
+    """The MXFP8 and NVFP4 recipes run on no device here."""
     from ..common import recipe as recipes
     return False, getattr(recipes, recipe_name)().unsupported_reason()
 
@@ -45,7 +45,16 @@ def check_nvfp4_support() -> Tuple[bool, str]:
 
 
 def check_fp8_block_scaling_support() -> Tuple[bool, str]:
-    return _block_scaled_support("Float8BlockScaling")
+    """Float8BlockScaling runs natively on sm_90 (its GEMM needs cuBLASLt >= 12.9, checked at the
+    call); Linear, LayerNormLinear and LayerNormMLP also run it emulated on CPU tensors."""
+    ok, why = _fp8_support()
+    if not ok:
+        return False, why
+    cap = native.capability()
+    if cap.backend != "cuda" or cap.arch != "sm_90":
+        return False, (f"Float8BlockScaling needs cuBLASLt >= 12.9 on sm_90 (Hopper); this GPU is "
+                       f"{cap.device or cap.arch} ({cap.arch})")
+    return True, ""
 
 
 def _answer(result: Tuple[bool, str], return_reason: bool):

@@ -175,9 +175,13 @@ def _check_recipe(recipe, who):
                         f"{type(recipe).__name__}")
     if hasattr(recipe, "unsupported_reason"):
         raise NotImplementedError(f"{who}: {recipe.unsupported_reason()}")
+    if recipe.float8_block_scaling():
+        # Linear, LayerNormLinear and LayerNormMLP run it (module/_blockwise.py)
+        recipe.__post_init__()
+        return recipe
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise NotImplementedError(f"{who}: recipe {type(recipe).__name__} is not supported; expected "
-                                  "DelayedScaling or Float8CurrentScaling")
+                                  "DelayedScaling, Float8CurrentScaling or Float8BlockScaling")
     # fields may have been set on the object after construction: validate them again
     recipe.__post_init__()
     if isinstance(recipe, DelayedScaling) and recipe.scaling_factor_compute_algo is not None:
@@ -262,9 +266,8 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
         initialise FP8 scales from a high-precision run) while computing in high precision.
     recipe : DelayedScaling or Float8CurrentScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
-        implemented and raise NotImplementedError, as does DelayedScaling with a
-        ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
     amax_reduction_group : torch.distributed.ProcessGroup, optional
         With delayed scaling and ``recipe.reduce_amax``, amaxes are reduced (maximum) over this
         group before the scales are updated, so that all ranks use the same scales.
@@ -303,9 +306,8 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Op
         initialise FP8 scales from a high-precision run) while computing in high precision.
     fp8_recipe : DelayedScaling or Float8CurrentScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
-        implemented and raise NotImplementedError, as does DelayedScaling with a
-        ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
     fp8_group : torch.distributed.ProcessGroup, optional
         The amax reduction group (``amax_reduction_group`` of :func:`autocast`).
     """
@@ -329,9 +331,8 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
         Whether weights created inside are stored in FP8.
     recipe : DelayedScaling or Float8CurrentScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
-        implemented and raise NotImplementedError, as does DelayedScaling with a
-        ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
     preserve_high_precision_init_val : bool, default False
         Also keep each FP8 weight's initial high-precision value, on the CPU:
         ``weight.get_high_precision_init_val()`` returns it and
@@ -340,6 +341,11 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
     """
     s = FP8GlobalState
     checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
+    if checked is not None and checked.float8_block_scaling():
+        raise NotImplementedError(
+            "quantized_model_init: FP8 weights under Float8BlockScaling (128x128-blocked parameters) "
+            "are not implemented; create the model in high precision and train it under "
+            "autocast(recipe=Float8BlockScaling())")
     saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
     s.model_init = bool(enabled)
     s.model_init_recipe = checked
@@ -361,9 +367,8 @@ def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
         Whether weights created inside are stored in FP8.
     recipe : DelayedScaling or Float8CurrentScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, block-scaling and NVFP4 recipes of NVIDIA TE are not
-        implemented and raise NotImplementedError, as does DelayedScaling with a
-        ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
     preserve_high_precision_init_val : bool, default False
         Accepted for compatibility; the high-precision initial values are not kept.
     """

@@ -31,14 +31,15 @@ PlanKey plan_key(const GemmArgs& a, int device) {
                      (a.d_amax != nullptr ? 8 : 0) | (a.beta != 0.f ? 16 : 0),
                  a.epilogue, alignment_of(a.a), alignment_of(a.b), alignment_of(a.d),
                  alignment_of(a.bias), alignment_of(a.aux), static_cast<int64_t>(a.workspace_size),
-                 alignment_of(addend_of(a)), 0, 0};
+                 alignment_of(addend_of(a)), a.a_scale_mode * 4 + a.b_scale_mode, 0};
 }
 
 const char* describe_problem(const GemmArgs& a) {
   thread_local std::string text;
   text = concat(nvte_dtype_name(a.a_type), " x ", nvte_dtype_name(a.b_type), " -> ",
                 nvte_dtype_name(a.d_type), ", layout ", a.transa ? "T" : "N", a.transb ? "T" : "N",
-                ", m=", a.m, " n=", a.n, " k=", a.k, ", epilogue ", epilogue_name(a.epilogue));
+                ", m=", a.m, " n=", a.n, " k=", a.k, ", epilogue ", epilogue_name(a.epilogue),
+                is_block_scaled(a) ? ", block-scaled (1x128 / 128x128 scales)" : "");
   return text.c_str();
 }
 

@@ -57,11 +57,16 @@ struct GemmArgs {
   NVTEGemmEpilogue epilogue = kNVTEGemmEpilogueNone;
   float alpha = 1.f, beta = 0.f;
   bool fast_accum = false;
+  // How a_scale_inv / b_scale_inv are read (nvte_gemm_block_scaled; Tensor: one float).
+  NVTEGemmScaleMode a_scale_mode = kNVTEGemmScaleTensor, b_scale_mode = kNVTEGemmScaleTensor;
   void* workspace = nullptr;  // the library's part of the caller's workspace
   size_t workspace_size = 0;
   NVTEStream stream = nullptr;
 };
 
+inline bool is_block_scaled(const GemmArgs& g) {
+  return g.a_scale_mode != kNVTEGemmScaleTensor || g.b_scale_mode != kNVTEGemmScaleTensor;
+}
 inline bool is_fp8_type(NVTEDType t) { return t == kNVTEFloat8E4M3 || t == kNVTEFloat8E5M2; }
 inline bool epilogue_adds_bias(NVTEGemmEpilogue e) {
   return e == kNVTEGemmEpilogueBias || e == kNVTEGemmEpilogueBiasGeluAux;

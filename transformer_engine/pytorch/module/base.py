@@ -125,6 +125,10 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         if not (s.enabled or s.calibrating):
             return _NO_FP8
         if s.enabled:
+            if s.recipe.float8_block_scaling():
+                raise NotImplementedError(
+                    f"{type(self).__name__}: Float8BlockScaling is supported by Linear, "
+                    "LayerNormLinear and LayerNormMLP only")
             q.require_fp8_support(device, type(self).__name__)
             if s.recipe.delayed() and torch.compiler.is_compiling():
                 raise NotImplementedError(

@@ -10,7 +10,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ._nv_options import check_off
-from . import _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast_grad, check_fp8_dims, record_amax
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -357,11 +357,17 @@ class LayerNormLinear(TransformerEngineBaseModule):
                              f"dimension {self.in_features} (in_features)")
         weight, bias = self._weight_and_bias()
         dtype = self.activation_dtype(inp)
-        fi = self.fp8_call_info(inp.device)
-        gemm_bias = bias if not self.return_bias else None
-        out = _LayerNormLinearFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias, weight,
-                                       gemm_bias, self, fi, dtype, is_first_microbatch,
-                                       self.return_layernorm_output, pass_input)
+        recipe = _blockwise.active()
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+            y, block_ln_out = _blockwise.layernorm_linear(self, recipe, inp, dtype)
+            out = (y, block_ln_out.view(inp.shape)) if self.return_layernorm_output else y
+            pass_input = False
+        else:
+            fi = self.fp8_call_info(inp.device)
+            gemm_bias = bias if not self.return_bias else None
+            out = _LayerNormLinearFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
+                                           weight, gemm_bias, self, fi, dtype, is_first_microbatch,
+                                           self.return_layernorm_output, pass_input)
         ln_out = None
         passed = inp
         if pass_input:

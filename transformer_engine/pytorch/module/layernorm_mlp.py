@@ -19,7 +19,7 @@ from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _fast, _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -490,6 +490,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
                     or (self.set_parallel_mode and self.tp_size > 1))
 
     def _fused_call(self, inp, is_first_microbatch, fused):
+        recipe = _blockwise.active()
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+            y, ln_out = _blockwise.layernorm_mlp(self, recipe, inp, self.activation_dtype(inp))
+            y = inp + y if fused else y
+            return (y, ln_out.view(inp.shape)) if self.return_layernorm_output else y
         parallel = self.set_parallel_mode and self.tp_size > 1
         b2 = self.fc2_bias if not (self.return_bias or parallel) else None
         return _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,

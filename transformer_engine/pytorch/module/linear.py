@@ -11,7 +11,7 @@ from .. import distributed as dist_te
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 from ..tensor import Float8Tensor
 from ..library import dispatch as K
-from . import _fast, _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 from ._nv_options import check_off
 
@@ -620,6 +620,14 @@ class Linear(TransformerEngineBaseModule):
         if self.parallel_mode == "column":
             inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
         dtype = self.activation_dtype(inp)
+        recipe = _blockwise.active()
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+            out = _blockwise.linear("Linear", self, recipe, inp, weight,
+                                    None if self.return_bias else bias, dtype)
+            out = out if _residual is None else _residual + out
+            if self.return_bias:
+                return out, (bias.to(out.dtype) if bias is not None else None)
+            return out
         fi = self.fp8_call_info(inp.device)
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)

@@ -119,6 +119,30 @@ NVTEStatus nvte_gemm_with_c(const NVTETensor* A, bool transa, const NVTETensor* 
                             bool use_fast_accum, void* workspace, size_t workspace_size,
                             NVTEStream stream);
 
+/* ---- Block-scaled FP8 (the Float8BlockScaling recipe) ------------------------------------------
+ * How an FP8 operand's scale_inv pointer is read:
+ *   Tensor:     one float, the whole operand (what nvte_gemm does)
+ *   Block1x128: one float per 128 consecutive elements along k (nvte_quantize_blockwise,
+ *               block_dim 1: [ceil(k / 128), round_up(rows, 4)] for a row-major [rows, k] operand)
+ *   Block128x128: one float per 128x128 tile (block_dim 2: [ceil(rows / 128),
+ *               round_up(ceil(k / 128), 4)])
+ * nvte_gemm_block_scaled computes D = op(A) op(B) in the TN layout only (transa, !transb: both
+ * operands row-major with k innermost), E4M3/E5M2 operands (not both E5M2, not both 128x128),
+ * D float32, bfloat16 or float16, no addend, bias optional (Bias epilogue: D += bias [m]),
+ * split (precise) accumulation always. Served by cuBLASLt >= 12.9 on sm_90 (Hopper); elsewhere
+ * kNVTEUnsupported with the reason (hipBLASLt and rocBLAS: not supported). m, n, k multiples of
+ * 16 and 16-byte aligned data. */
+typedef enum {
+  kNVTEGemmScaleTensor = 0,
+  kNVTEGemmScaleBlock1x128 = 1,
+  kNVTEGemmScaleBlock128x128 = 2
+} NVTEGemmScaleMode;
+
+NVTEStatus nvte_gemm_block_scaled(const NVTETensor* A, NVTEGemmScaleMode a_scale_mode,
+                                  const NVTETensor* B, NVTEGemmScaleMode b_scale_mode,
+                                  NVTETensor* D, const NVTETensor* bias, void* workspace,
+                                  size_t workspace_size, NVTEStream stream);
+
 /* Bytes of workspace nvte_gemm can use (the same for every problem, so one buffer per device
  * serves all calls). */
 size_t nvte_gemm_workspace_size(void);
