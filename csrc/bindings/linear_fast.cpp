@@ -48,22 +48,24 @@ NVTETensor vector(uintptr_t data, int64_t n, int dtype) {
 
 // The FP8 scaling of one direction of a module: its amax history [history_len, slots] (row 0 is
 // where the casts record), scale and scale_inv [slots] (fp32 device pointers), the format's max;
-// current scaling: an int32 counter (zero between launches) for nvte_current_scaling_scales.
+// current scaling: an int32 counter (zero between launches) for nvte_current_scaling_scales and
+// the int32 [slots] counts of updates skipped for a non-finite amax (0: not counted).
 struct Scaling {
-  uintptr_t history, scale, scale_inv, counter;
+  uintptr_t history, scale, scale_inv, counter, skipped;
   float fp8_max;
   bool delayed;
   float* amax_of(int slot) const {  // delayed scaling records the amax; current scaling does not
     return delayed ? reinterpret_cast<float*>(history) + slot : nullptr;
   }
   uintptr_t scale_of(int slot) const { return scale + 4 * static_cast<uintptr_t>(slot); }
+  int* skipped_ptr() const { return reinterpret_cast<int*>(skipped); }  // slots from 0
 };
 
 // The constant groups of a call travel as one tuple each, made once in Python and read here
 // without pybind11's per-argument conversion (about 25 ns an argument on a fast host, several
 // times that on a slow, shared host; the FP8 calls had over 30 arguments):
-//   scaling: a recipe state's (history, scale, scale_inv, fp8_max, counter) of one direction
-//            (RecipeState._pointers in transformer_engine/pytorch/quantization.py)
+//   scaling: a recipe state's (history, scale, scale_inv, fp8_max, counter[, skipped]) of one
+//            direction (RecipeState._pointers in transformer_engine/pytorch/quantization.py)
 //   env:     the call's (workspace, workspace bytes, stream) (module/_fast.py, NativeCall.env)
 uintptr_t int_at(const py::tuple& t, size_t i) {
   const unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t.ptr(), i));
@@ -72,12 +74,13 @@ uintptr_t int_at(const py::tuple& t, size_t i) {
 }
 
 Scaling scaling_from(const py::tuple& t, bool delayed) {
-  if (t.size() != 5)
-    throw py::value_error("scaling: expected (history, scale, scale_inv, fp8_max, counter)");
+  if (t.size() != 5 && t.size() != 6)
+    throw py::value_error(
+        "scaling: expected (history, scale, scale_inv, fp8_max, counter[, skipped])");
   const double fp8_max = PyFloat_AsDouble(PyTuple_GET_ITEM(t.ptr(), 3));
   if (fp8_max == -1.0 && PyErr_Occurred()) throw py::error_already_set();
   return Scaling{int_at(t, 0), int_at(t, 1), int_at(t, 2), int_at(t, 4),
-                 static_cast<float>(fp8_max), delayed};
+                 t.size() == 6 ? int_at(t, 5) : 0, static_cast<float>(fp8_max), delayed};
 }
 
 struct CallEnv {
@@ -118,8 +121,8 @@ void current_scales(const Scaling& s, const NVTETensor* const* inputs, int n, NV
   if (s.delayed) return;
   check_status(nvte_current_scaling_scales(
       inputs, n, reinterpret_cast<float*>(s.history), reinterpret_cast<int*>(s.counter),
-      reinterpret_cast<float*>(s.scale), reinterpret_cast<float*>(s.scale_inv), s.fp8_max,
-      stream));
+      reinterpret_cast<float*>(s.scale), reinterpret_cast<float*>(s.scale_inv), s.skipped_ptr(),
+      s.fp8_max, stream));
 }
 
 // The FP8 output descriptor of x [rows, cols] cast with slot's scale (and amax, delayed).
@@ -142,7 +145,7 @@ void multi_cast_transpose(const Scaling& s, int n, const NVTETensor* const* inpu
   check_status(nvte_cast_transpose_multi_current_scaling(
       n, inputs, outputs, outputs_t, reinterpret_cast<float*>(s.history),
       reinterpret_cast<int*>(s.counter), reinterpret_cast<float*>(s.scale),
-      reinterpret_cast<float*>(s.scale_inv), s.fp8_max, stream));
+      reinterpret_cast<float*>(s.scale_inv), s.skipped_ptr(), s.fp8_max, stream));
 }
 
 // x [rows, cols] -> FP8 data (and its transpose [cols, rows] when t != 0) with slot's scale.
@@ -250,7 +253,7 @@ void register_linear_fast(py::module_& m) {
               check_status(nvte_cast_transpose_dbias_current_scaling(
                   &dyd, &q, &q_t, &db, &ws, reinterpret_cast<float*>(s.history),
                   reinterpret_cast<int*>(s.counter), reinterpret_cast<float*>(s.scale),
-                  reinterpret_cast<float*>(s.scale_inv), s.fp8_max, stream));
+                  reinterpret_cast<float*>(s.scale_inv), s.skipped_ptr(), s.fp8_max, stream));
             } else if (!update_groups.is_none()) {
               const std::vector<NVTEScalingGroup> g =
                   scaling_groups_from_list(update_groups.cast<py::list>());

@@ -41,20 +41,25 @@ void register_recipe(py::module_& m) {
     delayed_scaling_update_from_list(groups, algo, margin, stream_from_int(stream));
   });
   // Current scaling of the tensors described by `inputs` (a list of descriptor tuples) into
-  // scale[i] / scale_inv[i], with amax [n] and counter as zeroed scratch (see recipe.h).
-  m.def("current_scaling_scales", [](const py::list& inputs, uintptr_t amax, uintptr_t counter,
-                                     uintptr_t scale, uintptr_t scale_inv, float fp8_max,
-                                     uintptr_t stream) {
-    std::vector<NVTETensor> t;
-    t.reserve(inputs.size());
-    for (const auto& item : inputs) t.push_back(tensor_from_tuple(item.cast<py::tuple>()));
-    std::vector<const NVTETensor*> p;
-    for (const auto& d : t) p.push_back(&d);
-    check_status(nvte_current_scaling_scales(
-        p.data(), static_cast<int64_t>(p.size()), reinterpret_cast<float*>(amax),
-        reinterpret_cast<int*>(counter), reinterpret_cast<float*>(scale),
-        reinterpret_cast<float*>(scale_inv), fp8_max, stream_from_int(stream)));
-  });
+  // scale[i] / scale_inv[i], with amax [n] and counter as zeroed scratch (see recipe.h); skipped
+  // (int32 [n], 0: not counted) counts the tensors whose amax was not finite.
+  m.def(
+      "current_scaling_scales",
+      [](const py::list& inputs, uintptr_t amax, uintptr_t counter, uintptr_t scale,
+         uintptr_t scale_inv, float fp8_max, uintptr_t stream, uintptr_t skipped) {
+        std::vector<NVTETensor> t;
+        t.reserve(inputs.size());
+        for (const auto& item : inputs) t.push_back(tensor_from_tuple(item.cast<py::tuple>()));
+        std::vector<const NVTETensor*> p;
+        for (const auto& d : t) p.push_back(&d);
+        check_status(nvte_current_scaling_scales(
+            p.data(), static_cast<int64_t>(p.size()), reinterpret_cast<float*>(amax),
+            reinterpret_cast<int*>(counter), reinterpret_cast<float*>(scale),
+            reinterpret_cast<float*>(scale_inv), reinterpret_cast<int*>(skipped), fp8_max,
+            stream_from_int(stream)));
+      },
+      py::arg("inputs"), py::arg("amax"), py::arg("counter"), py::arg("scale"),
+      py::arg("scale_inv"), py::arg("fp8_max"), py::arg("stream"), py::arg("skipped") = 0);
 }
 
 }  // namespace te_py

@@ -408,16 +408,16 @@ TE_TEST(current_scaling_scales_match_amax_then_update) {
       sinv(std::vector<float>{0.f, 0.f, 0.f});
   DeviceBuffer<int> counter(std::vector<int>{0});
   for (int rep = 0; rep < 2; ++rep)  // the scratch is left zero: a second launch gives the same
-    TE_EXPECT(nvte_current_scaling_scales(p, 3, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, fp8_max,
-                                          nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(nvte_current_scaling_scales(p, 3, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, nullptr,
+                                          fp8_max, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
   TE_EXPECT(cuda_ok(), "sync");
   TE_EXPECT(scale.download() == rscale.download(), "scales differ from amax + update");
   TE_EXPECT(sinv.download() == rsinv.download(), "scale_invs differ from amax + update");
   TE_EXPECT(scale.download()[2] == 7.f, "an all-zero tensor keeps its scale");
   TE_EXPECT(amax.download() == std::vector<float>({0.f, 0.f, 0.f}), "amax scratch not left zero");
   TE_EXPECT(counter.download()[0] == 0, "counter not left zero");
-  TE_EXPECT(nvte_current_scaling_scales(p, 0, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, fp8_max,
-                                        nullptr) == kNVTEInvalidArgument, "n = 0 must be refused");
+  TE_EXPECT(nvte_current_scaling_scales(p, 0, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, nullptr,
+                                        fp8_max, nullptr) == kNVTEInvalidArgument, "n = 0 must be refused");
 }
 
 // Current scaling inside the multi cast (one cooperative launch for a grid that fits the device,
@@ -464,12 +464,14 @@ TE_TEST(cast_transpose_multi_current_scaling_matches_two_steps) {
       otp1[k] = &out_t_d[1][k];
     }
     TE_EXPECT(nvte_current_scaling_scales(ip, n, amax0.ptr, counter0.ptr, scale0.ptr, sinv0.ptr,
-                                          448.f, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+                                          nullptr, 448.f, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
     TE_EXPECT(nvte_cast_transpose_multi(n, ip, op0, otp0, nullptr) == kNVTESuccess, "%s",
               nvte_last_error_message());
     for (int rep = 0; rep < 2; ++rep)
       TE_EXPECT(nvte_cast_transpose_multi_current_scaling(n, ip, op1, otp1, amax1.ptr, counter1.ptr,
-                                                          scale1.ptr, sinv1.ptr, 448.f, nullptr) == kNVTESuccess,
+                                                          scale1.ptr, sinv1.ptr, nullptr, 448.f,
+                                                          nullptr) == kNVTESuccess,
                 "%s", nvte_last_error_message());
     TE_EXPECT(cuda_ok(), "sync");
     for (size_t b = 0; b < data[0].size(); ++b)
@@ -534,18 +536,134 @@ TE_TEST(cast_transpose_dbias_current_scaling_matches_two_steps) {
     NVTETensor ia = a.i(), oa = a.o(nullptr, scale_a.ptr), ota = a.ot(), dba = a.db(), wa = a.w();
     const NVTETensor* pa[1] = {&ia};
     TE_EXPECT(nvte_current_scaling_scales(pa, 1, amax_a.ptr, counter_a.ptr, scale_a.ptr, si_a.ptr,
-                                          57344.f, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+                                          nullptr, 57344.f, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
     TE_EXPECT(nvte_cast_transpose_dbias(&ia, &oa, &ota, &dba, &wa, nullptr) == kNVTESuccess, "%s",
               nvte_last_error_message());
     NVTETensor ib = b.i(), ob = b.o(nullptr, scale_b.ptr), otb = b.ot(), dbb = b.db(), wb = b.w();
     TE_EXPECT(nvte_cast_transpose_dbias_current_scaling(&ib, &ob, &otb, &dbb, &wb, amax_b.ptr,
-                                                        counter_b.ptr, scale_b.ptr, si_b.ptr, 57344.f,
-                                                        nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+                                                        counter_b.ptr, scale_b.ptr, si_b.ptr, nullptr,
+                                                        57344.f, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
     TE_EXPECT(cuda_ok(), "sync");
     TE_EXPECT(a.same(b), "outputs differ at %lld x %lld", (long long)sh[0], (long long)sh[1]);
     TE_EXPECT(scale_a.download() == scale_b.download() && si_a.download() == si_b.download(),
               "scales differ");
     TE_EXPECT(amax_b.download()[0] == 0.f && counter_b.download()[0] == 0, "scratch not left zero");
+  }
+}
+
+namespace {
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = __float2bfloat16_rn(x[i]);
+  return b;
+}
+
+float host_amax(const std::vector<__nv_bfloat16>& x) {
+  float a = 0.f;
+  for (const auto& v : x) a = std::fmax(a, std::fabs(__bfloat162float(v)));
+  return a;
+}
+
+}  // namespace
+
+// A bad step under current scaling: a NaN or infinite amax keeps the tensor's scale (the last
+// finite one) and adds one to its skipped count, in every entry point that computes the scale
+// (the scales kernel, the multi cast's one-launch and two-launch ways, cast+transpose+dbias);
+// finite tensors of the same launch get fp8_max / amax and keep their count; an all-zero tensor
+// keeps its scale uncounted; a null skipped pointer counts nothing.
+TE_TEST(current_scaling_non_finite_amax_keeps_scale_and_counts) {
+  const float fp8_max = 448.f;
+  {  // nvte_current_scaling_scales: NaN (bf16), +inf (fp32), finite (fp32), all zero
+    std::vector<float> x0 = random_floats(1000 * 3 + 7, 201, 6.f), x1 = random_floats(129 * 5, 202, 2.f),
+                       x2 = random_floats(77 * 3, 203, 9.f), x3(64, 0.f);
+    x0[1234] = NAN;
+    x1[17] = INFINITY;
+    DeviceBuffer<__nv_bfloat16> in0(to_bf16(x0));
+    DeviceBuffer<float> in1(x1), in2(x2), in3(x3);
+    NVTETensor d[4] = {desc(in0.ptr, {1000 * 3 + 7}, kNVTEBFloat16), desc(in1.ptr, {129, 5}, kNVTEFloat32),
+                       desc(in2.ptr, {77, 3}, kNVTEFloat32), desc(in3.ptr, {8, 8}, kNVTEFloat32)};
+    const NVTETensor* p[4] = {&d[0], &d[1], &d[2], &d[3]};
+    float a2 = 0.f;
+    for (float v : x2) a2 = std::fmax(a2, std::fabs(v));
+    const std::vector<float> want_scale = {3.f, 5.f, fp8_max / a2, 7.f};
+    DeviceBuffer<float> amax(std::vector<float>(4, 0.f)), scale(std::vector<float>{3.f, 5.f, 1.f, 7.f}),
+        sinv(std::vector<float>(4, 0.f));
+    DeviceBuffer<int> counter(std::vector<int>{0}), skipped(std::vector<int>{10, 0, 4, 0});
+    for (int rep = 0; rep < 2; ++rep)
+      TE_EXPECT(nvte_current_scaling_scales(p, 4, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, skipped.ptr,
+                                            fp8_max, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(nvte_current_scaling_scales(p, 4, amax.ptr, counter.ptr, scale.ptr, sinv.ptr, nullptr,
+                                          fp8_max, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    const std::vector<float> got = scale.download(), got_inv = sinv.download();
+    TE_EXPECT(got == want_scale, "scales %g %g %g %g, expected %g %g %g %g", got[0], got[1], got[2], got[3],
+              want_scale[0], want_scale[1], want_scale[2], want_scale[3]);
+    for (int k = 0; k < 4; ++k) TE_EXPECT(got_inv[k] == 1.f / want_scale[k], "scale_inv[%d]", k);
+    const std::vector<int> sk = skipped.download();
+    TE_EXPECT(sk == std::vector<int>({12, 2, 4, 0}), "skipped %d %d %d %d, expected 12 2 4 0", sk[0], sk[1],
+              sk[2], sk[3]);
+    TE_EXPECT(amax.download() == std::vector<float>(4, 0.f) && counter.download()[0] == 0,
+              "scratch not left zero");
+  }
+  // nvte_cast_transpose_multi_current_scaling: a grid that fits the device (one launch) and one
+  // that does not (the scales kernel, then the casts); tensor 0 holds a NaN
+  const std::vector<std::vector<std::array<int64_t, 2>>> cases = {{{37, 23}, {64, 130}},
+                                                                  {{4096, 4096}, {16, 48}}};
+  unsigned seed = 210;
+  for (const auto& shapes : cases) {
+    std::vector<__nv_bfloat16> h[2];
+    for (int k = 0; k < 2; ++k) h[k] = to_bf16(random_floats(size_t(shapes[k][0] * shapes[k][1]), seed++, 4.f));
+    h[0][h[0].size() / 2 + 3] = __float2bfloat16_rn(NAN);
+    DeviceBuffer<__nv_bfloat16> in0(h[0]), in1(h[1]);
+    DeviceBuffer<uint8_t> o0(h[0].size()), ot0(h[0].size()), o1(h[1].size()), ot1(h[1].size());
+    DeviceBuffer<float> amax(std::vector<float>(2, 0.f)), scale(std::vector<float>{9.f, 1.f}),
+        sinv(std::vector<float>(2, 0.f)), osinv(std::vector<float>(2, 0.f));
+    DeviceBuffer<int> counter(std::vector<int>{0}), skipped(std::vector<int>{2, 6});
+    const int64_t r0 = shapes[0][0], c0 = shapes[0][1], r1 = shapes[1][0], c1 = shapes[1][1];
+    NVTETensor in_d[2] = {desc(in0.ptr, {r0, c0}, kNVTEBFloat16), desc(in1.ptr, {r1, c1}, kNVTEBFloat16)};
+    NVTETensor out_d[2] = {desc(o0.ptr, {r0, c0}, kNVTEFloat8E4M3, nullptr, scale.ptr, osinv.ptr),
+                           desc(o1.ptr, {r1, c1}, kNVTEFloat8E4M3, nullptr, scale.ptr + 1, osinv.ptr + 1)};
+    NVTETensor out_t_d[2] = {desc(ot0.ptr, {c0, r0}, kNVTEFloat8E4M3), desc(ot1.ptr, {c1, r1}, kNVTEFloat8E4M3)};
+    const NVTETensor* ip[2] = {&in_d[0], &in_d[1]};
+    NVTETensor* op[2] = {&out_d[0], &out_d[1]};
+    NVTETensor* otp[2] = {&out_t_d[0], &out_t_d[1]};
+    TE_EXPECT(nvte_cast_transpose_multi_current_scaling(2, ip, op, otp, amax.ptr, counter.ptr, scale.ptr,
+                                                        sinv.ptr, skipped.ptr, fp8_max, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    const std::vector<float> got = scale.download();
+    TE_EXPECT(got[0] == 9.f && got[1] == fp8_max / host_amax(h[1]), "multi %lld x %lld: scales %g %g",
+              (long long)r0, (long long)c0, got[0], got[1]);
+    TE_EXPECT(sinv.download()[0] == 1.f / 9.f, "multi: scale_inv of the NaN tensor");
+    TE_EXPECT(skipped.download() == std::vector<int>({3, 6}), "multi %lld x %lld: skipped %d %d, expected 3 6",
+              (long long)r0, (long long)c0, skipped.download()[0], skipped.download()[1]);
+    TE_EXPECT(amax.download() == std::vector<float>(2, 0.f) && counter.download()[0] == 0,
+              "multi: scratch not left zero");
+  }
+  // nvte_cast_transpose_dbias_current_scaling: one launch and two launches, +inf in the input
+  const int64_t dshapes[][2] = {{37, 48}, {4096, 4096}};
+  for (auto& sh : dshapes) {
+    DbiasCase c(sh[0], sh[1], seed++);
+    std::vector<__nv_bfloat16> x = c.in.download();
+    x[x.size() - 5] = __float2bfloat16_rn(-INFINITY);
+    c.in.upload(x);
+    DeviceBuffer<float> amax(std::vector<float>{0.f}), scale(std::vector<float>{0.25f}),
+        sinv(std::vector<float>{0.f});
+    DeviceBuffer<int> counter(std::vector<int>{0}), skipped(std::vector<int>{1});
+    NVTETensor i = c.i(), o = c.o(nullptr, scale.ptr), ot = c.ot(), db = c.db(), w = c.w();
+    TE_EXPECT(nvte_cast_transpose_dbias_current_scaling(&i, &o, &ot, &db, &w, amax.ptr, counter.ptr, scale.ptr,
+                                                        sinv.ptr, skipped.ptr, 57344.f, nullptr) == kNVTESuccess,
+              "%s", nvte_last_error_message());
+    TE_EXPECT(cuda_ok(), "sync");
+    TE_EXPECT(scale.download()[0] == 0.25f && sinv.download()[0] == 4.f,
+              "dbias %lld x %lld: scale %g, expected the last finite 0.25", (long long)sh[0], (long long)sh[1],
+              scale.download()[0]);
+    TE_EXPECT(skipped.download()[0] == 2, "dbias %lld x %lld: skipped %d, expected 2", (long long)sh[0],
+              (long long)sh[1], skipped.download()[0]);
+    TE_EXPECT(amax.download()[0] == 0.f && counter.download()[0] == 0, "dbias: scratch not left zero");
   }
 }
 

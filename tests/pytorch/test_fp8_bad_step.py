@@ -122,3 +122,38 @@ def test_current_scaling_keeps_the_last_finite_scale(device):
     assert torch.equal(rs.scale_fwd[0], good)
     baseline = _error_under(m, x, r)
     assert _error_under(m, randn((TOKENS, IN), torch.float32, device, seed=5, scale=2.0), r) < 2 * baseline + 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_current_scaling_counts_each_skip_in_its_direction_and_slot(device):
+    """Training steps (a cast with its transpose, the gradient's cast with the bias gradient):
+    a NaN input is counted in forward slot 0 only, an infinite output gradient in backward slot 0
+    only, and each keeps the last finite scale of its tensor."""
+    torch.manual_seed(10)
+    m = te.Linear(IN, OUT, device=device)
+    r = recipe.Float8CurrentScaling()
+    _step(m, randn((TOKENS, IN), torch.float32, device, seed=1, scale=3.0), r, 2)
+    rs = m._fp8_state
+    scale_fwd = rs.scale_fwd.clone()
+    x_bad = randn((TOKENS, IN), torch.float32, device, seed=3, scale=0.5)
+    x_bad[TOKENS - 1, IN // 2 + 1] = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _step(m, x_bad, r, 4)
+        assert m.fp8_skipped_updates() == 1
+    assert rs._skipped_fwd.tolist() == [1, 0] and int(rs.skipped_bwd.sum()) == 0
+    assert torch.equal(rs.scale_fwd[0], scale_fwd[0])
+
+    scale_bwd = rs.scale_bwd.clone()  # from the last step's finite gradient
+    x = randn((TOKENS, IN), torch.float32, device, seed=5).requires_grad_()
+    with te.fp8_autocast(fp8_recipe=r):
+        y = m(x)
+    dy = randn(y.shape, torch.float32, device, seed=6)
+    dy[2, OUT - 3] = float("-inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y.backward(dy)
+        assert m.fp8_skipped_updates() == 2
+    assert rs._skipped_fwd.tolist() == [1, 0]
+    assert rs.skipped_bwd[0].item() == 1 and int(rs.skipped_bwd.sum()) == 1
+    assert torch.equal(rs.scale_bwd[0], scale_bwd[0])

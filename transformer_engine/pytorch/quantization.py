@@ -489,14 +489,18 @@ class RecipeState:
         self.__dict__.update(state)
 
     def _pointers(self):
-        # (history, scale, scale_inv, fp8_max, counter) as raw pointers for the native fast path
-        # (the tensors never move: a device change builds a new state); made on first eager use
+        # (history, scale, scale_inv, fp8_max, counter, skipped) as raw pointers for the native
+        # fast path (the tensors never move, loading a state copies into them: a device change
+        # builds a new state); made on first eager use. skipped: where current scaling's native
+        # scales count a non-finite amax, slot by slot as compute_current_scale counts it.
         if self._ptrs is None:
             c = self.counters.data_ptr()
             self._ptrs = ((self._amax_history_fwd.data_ptr(), self._scale_fwd.data_ptr(),
-                           self._scale_inv_fwd.data_ptr(), self.fwd_max, c),
+                           self._scale_inv_fwd.data_ptr(), self.fwd_max, c,
+                           self._skipped_fwd.data_ptr()),
                           (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
-                           self.scale_inv_bwd.data_ptr(), self.bwd_max, c + 4))
+                           self.scale_inv_bwd.data_ptr(), self.bwd_max, c + 4,
+                           self.skipped_bwd.data_ptr()))
         return self._ptrs
 
     def update_desc(self, forward: bool):

@@ -1,7 +1,8 @@
 // Float8CurrentScaling's scales of several tensors in one launch (see recipe.h): each block maxes
 // |x| over its share of one tensor into that tensor's amax accumulator, then counts itself done;
 // the block that counts last computes every scale, as the delayed-scaling update does with a
-// one-row history, and leaves accumulators and counter at zero for the next launch.
+// one-row history (a non-finite amax keeps the scale and, when counted, adds one to skipped[i]),
+// and leaves accumulators and counter at zero for the next launch.
 //
 // Why one launch: the separate path (nvte_compute_amax per tensor, then the update) costs three
 // launches for a Linear's input and weight, and on a small, host-bound step each launch costs
@@ -51,7 +52,8 @@ __device__ float amax_of_share(const T* x, int64_t n, bool vec, int64_t block, i
 
 __global__ void __launch_bounds__(kThreads)
 current_scales_kernel(const ScalesTable t, float* __restrict__ amax_acc, int* __restrict__ counter,
-                      float* __restrict__ scale, float* __restrict__ scale_inv, float fp8_max) {
+                      float* __restrict__ scale, float* __restrict__ scale_inv,
+                      int* __restrict__ skipped, float fp8_max) {
   __shared__ float scratch[kThreads / TE_LOGICAL_WARP_SIZE + 1];
   __shared__ bool last;
   int i = 0;
@@ -88,6 +90,9 @@ current_scales_kernel(const ScalesTable t, float* __restrict__ amax_acc, int* __
   if (a > 0.f && isfinite(a) && isfinite(candidate)) s = candidate;
   scale[j] = s;
   scale_inv[j] = 1.f / s;
+  // the events the update counts: a NaN or infinite amax (not 0, not a finite amax too small
+  // for a finite scale), one thread per tensor, so no atomic
+  if (skipped != nullptr && !isfinite(a)) skipped[j] += 1;
   if (j == 0) atomicExch(counter, 0);
 }
 
@@ -97,7 +102,8 @@ current_scales_kernel(const ScalesTable t, float* __restrict__ amax_acc, int* __
 namespace te {
 
 void launch_current_scales(const NVTETensor* const* inputs, int64_t n, float* amax, int* counter,
-                           float* scale, float* scale_inv, float fp8_max, NVTEStream stream) {
+                           float* scale, float* scale_inv, int* skipped, float fp8_max,
+                           NVTEStream stream) {
   TE_CHECK_ARG(n >= 1 && n <= kMaxTensors, "n is ", n, "; expected 1 to ", kMaxTensors);
   TE_CHECK_ARG(inputs != nullptr, "inputs is a null pointer");
   TE_CHECK_ARG(amax && counter && scale && scale_inv,
@@ -122,7 +128,7 @@ void launch_current_scales(const NVTETensor* const* inputs, int64_t n, float* am
     t.first_block[i + 1] = t.first_block[i] + blocks;  // an empty tensor: one idle block
   }
   current_scales_kernel<<<unsigned(t.first_block[t.n]), kThreads, 0, to_stream(stream)>>>(
-      t, amax, counter, scale, scale_inv, fp8_max);
+      t, amax, counter, scale, scale_inv, skipped, fp8_max);
   check_launch("current_scales_kernel");
 }
 
@@ -130,9 +136,10 @@ void launch_current_scales(const NVTETensor* const* inputs, int64_t n, float* am
 
 extern "C" NVTEStatus nvte_current_scaling_scales(const NVTETensor* const* inputs, int64_t n,
                                                   float* amax, int* counter, float* scale,
-                                                  float* scale_inv, float fp8_max,
+                                                  float* scale_inv, int* skipped, float fp8_max,
                                                   NVTEStream stream) {
   return te::guard("nvte_current_scaling_scales", [&] {
-    te::launch_current_scales(inputs, n, amax, counter, scale, scale_inv, fp8_max, stream);
+    te::launch_current_scales(inputs, n, amax, counter, scale, scale_inv, skipped, fp8_max,
+                              stream);
   });
 }

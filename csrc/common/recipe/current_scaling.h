@@ -8,6 +8,7 @@
 namespace te {
 
 void launch_current_scales(const NVTETensor* const* inputs, int64_t n, float* amax, int* counter,
-                           float* scale, float* scale_inv, float fp8_max, NVTEStream stream);
+                           float* scale, float* scale_inv, int* skipped, float fp8_max,
+                           NVTEStream stream);
 
 }  // namespace te

@@ -121,7 +121,8 @@ void launch_multi_cast_transpose(int64_t n, const NVTETensor* const* inputs,
       (void)cudaGetLastError();  // refused (unsupported): the two-launch way
     }
 #endif
-    launch_current_scales(inputs, n, g.amax, g.counter, g.scale, g.scale_inv, g.fp8_max, stream);
+    launch_current_scales(inputs, n, g.amax, g.counter, g.scale, g.scale_inv, g.skipped,
+                          g.fp8_max, stream);
   }
   if (aligned)
     multi_cast_transpose_kernel<InT, OutT, true, false><<<grid, kThreads, 0, s>>>(t, g);
@@ -258,7 +259,7 @@ extern "C" NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* con
 extern "C" NVTEStatus nvte_cast_transpose_multi_current_scaling(
     int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
     NVTETensor* const* outputs_t, float* amax, int* counter, float* scale, float* scale_inv,
-    float fp8_max, NVTEStream stream) {
+    int* skipped, float fp8_max, NVTEStream stream) {
   return guard("nvte_cast_transpose_multi_current_scaling", [&] {
     check_multi_args(n, inputs, outputs, outputs_t);
     TE_CHECK_ARG(amax && counter && scale && scale_inv,
@@ -268,7 +269,7 @@ extern "C" NVTEStatus nvte_cast_transpose_multi_current_scaling(
     for (int64_t i = 0; i < n; ++i)
       TE_CHECK_ARG(outputs[i]->scale == scale + i && outputs[i]->amax == nullptr, "outputs[", i,
                    "] must have scale pointer scale + ", i, " and no amax pointer");
-    const GridScaling g{amax, counter, scale, scale_inv, fp8_max, static_cast<int>(n)};
+    const GridScaling g{amax, counter, scale, scale_inv, skipped, fp8_max, static_cast<int>(n)};
     launch_multi(n, inputs, outputs, outputs_t, &g, stream);
   });
 }
@@ -293,7 +294,7 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETen
 extern "C" NVTEStatus nvte_cast_transpose_dbias_current_scaling(
     const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
     NVTETensor* workspace, float* amax, int* counter, float* scale, float* scale_inv,
-    float fp8_max, NVTEStream stream) {
+    int* skipped, float fp8_max, NVTEStream stream) {
   return guard("nvte_cast_transpose_dbias_current_scaling", [&] {
     int64_t rows, cols;
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
@@ -306,11 +307,12 @@ extern "C" NVTEStatus nvte_cast_transpose_dbias_current_scaling(
                  "output must have scale pointer `scale` and no amax pointer");
     float* partial = static_cast<float*>(workspace->data);
     const bool final_sums = dbias_sums_are_final(rows);
-    const GridScaling g{amax, counter, scale, scale_inv, fp8_max, 1};
+    const GridScaling g{amax, counter, scale, scale_inv, skipped, fp8_max, 1};
     if (!launch_dbias_fused<DbiasFusion::kCurrentScaling>(
             *input, *output, *output_t, rows, cols, partial, final_sums ? dbias->data : nullptr,
             dbias->dtype, g, StepUpdate{}, stream)) {
-      launch_current_scales(&input, 1, amax, counter, scale, scale_inv, fp8_max, stream);
+      launch_current_scales(&input, 1, amax, counter, scale, scale_inv, skipped, fp8_max,
+                            stream);
       launch_cast_transpose<true>(*input, *output, *output_t, rows, cols, partial, stream,
                                   final_sums ? dbias->data : nullptr, dbias->dtype);
     }

@@ -314,13 +314,15 @@ struct MultiCastTable {
 // grid resident at once (a cooperative launch: the host checks that the grid fits), the blocks
 // meet at a grid-wide barrier: each maxes its tile into amax[i] and counts itself in; once all
 // have, each computes scale[i] the way nvte_current_scaling_scales does (same bits), the first
-// tile's block stores it, and the block that counts last a second time leaves amax and counter
-// zero. On a small, host-bound step this saves the launch of the scales kernel.
+// tile's block stores it (and counts a non-finite amax, as that function does), and the block
+// that counts last a second time leaves amax and counter zero. On a small, host-bound step this
+// saves the launch of the scales kernel.
 struct GridScaling {
   float* amax;       // [n] zero on entry, left zero
   int* counter;      // zero on entry, left zero
   float* scale;      // [n] read (kept when the amax is 0 or not finite), then written
   float* scale_inv;  // [n] written
+  int* skipped;      // [n] +1 for a non-finite amax, or null: not counted
   float fp8_max;
   int n;
 };
@@ -378,6 +380,7 @@ __device__ __forceinline__ void grid_current_scale(float amax, int i, int64_t ti
     if (tile == 0) {
       g.scale[i] = s;
       g.scale_inv[i] = 1.f / s;
+      if (g.skipped != nullptr && !isfinite(a)) g.skipped[i] += 1;  // one block per tensor
     }
     if (atomicAdd(g.counter, 1) == 2 * blocks - 1) {  // every block has read its amax
       for (int j = 0; j < g.n; ++j) atomicExch(g.amax + j, 0.f);

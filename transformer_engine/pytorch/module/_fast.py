@@ -128,12 +128,12 @@ def _scaling(nc, rs, x_desc, forward: bool, slot: int):
     one launch computes the amax and the scale (current_scaling_scales, with the 1-row history
     as its amax scratch), then the cast: two launches, no torch ops."""
     ptrs = rs._ptrs or rs._pointers()
-    hist, scale, sinv_state, fp8_max, counter = ptrs[0] if forward else ptrs[1]
-    off = 4 * slot
+    hist, scale, sinv_state, fp8_max, counter, skipped = ptrs[0] if forward else ptrs[1]
+    off = 4 * slot  # fp32 and int32 slots alike
     if rs.delayed:
         return (rs.fwd_dtype if forward else rs.bwd_dtype), hist + off, scale + off
     nc.mod.current_scaling_scales([x_desc], hist + off, counter, scale + off, sinv_state + off,
-                                  fp8_max, nc.stream)
+                                  fp8_max, nc.stream, skipped + off)
     return (rs.fwd_dtype if forward else rs.bwd_dtype), 0, scale + off
 
 

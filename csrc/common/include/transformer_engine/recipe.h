@@ -19,11 +19,19 @@
  * synchronisation or device allocation happens and the call is safe under graph capture.
  *
  * Current scaling of n tensors (1..4, float32/float16/bfloat16, any shapes) of one FP8 format in
- * one launch: for each i, amax = max |inputs[i]| (NaN propagates), then scale[i] and
- * scale_inv[i] are set exactly as nvte_delayed_scaling_update sets them for a one-row history
- * holding that amax with margin 0 (same bits as nvte_compute_amax into amax[i] followed by that
- * update). amax [n] fp32 and counter (one int32) are scratch that must be zero on entry and are
- * left zero; launches that share them must not run concurrently.
+ * one launch (nvte_current_scaling_scales): for each i
+ *
+ *   amax         = max |inputs[i]|                 (NaN propagates)
+ *   s            = fp8_max / amax
+ *   scale[i]     = s if amax > 0, amax finite and s finite, else scale[i] unchanged
+ *   scale_inv[i] = 1 / scale[i]
+ *   skipped[i]  += 1 if amax is NaN or +-inf      (skipped: int32 [n], or NULL: not counted)
+ *
+ * exactly as nvte_delayed_scaling_update sets and counts them for a one-row history holding that
+ * amax with margin 0 (same bits as nvte_compute_amax into amax[i] followed by that update): a
+ * bad step keeps the last finite scale and is counted; an amax of 0 keeps the scale uncounted.
+ * amax [n] fp32 and counter (one int32) are scratch that must be zero on entry and are left
+ * zero; launches that share them must not run concurrently.
  */
 #ifndef TRANSFORMER_ENGINE_RECIPE_H_
 #define TRANSFORMER_ENGINE_RECIPE_H_
@@ -51,7 +59,7 @@ NVTEStatus nvte_delayed_scaling_update(const NVTEScalingGroup* groups, int64_t n
                                        NVTEAmaxAlgo algo, float margin, NVTEStream stream);
 
 NVTEStatus nvte_current_scaling_scales(const NVTETensor* const* inputs, int64_t n, float* amax,
-                                       int* counter, float* scale, float* scale_inv,
+                                       int* counter, float* scale, float* scale_inv, int* skipped,
                                        float fp8_max, NVTEStream stream);
 
 #ifdef __cplusplus

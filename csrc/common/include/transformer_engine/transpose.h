@@ -15,8 +15,9 @@
  * and each output has its own scale, scale_inv and amax. Arguments are checked as for n calls.
  * cast_transpose_multi_current_scaling computes the scales first (Float8CurrentScaling, as
  * nvte_current_scaling_scales in recipe.h computes them into scale[i] / scale_inv[i], with amax
- * and counter as its zeroed scratch), then casts each input with its scale: outputs[i].scale
- * must be scale + i and outputs[i].amax NULL. One launch when the grid fits on the device at
+ * and counter as its zeroed scratch, and counts a non-finite amax into skipped[i] unless skipped
+ * is NULL), then casts each input with its scale: outputs[i].scale must be scale + i and
+ * outputs[i].amax NULL. One launch when the grid fits on the device at
  * once (a cooperative launch), two otherwise; the same bits either way.
  *
  * Fusions of cast_transpose (one read of each input; FP8 outputs only; `output` may have any
@@ -47,8 +48,9 @@
  * cast_transpose_dbias with the scaling of a training step folded in (a small step's backward
  * is host-bound: each fused launch saves one), same bits as the separate calls:
  *   _current_scaling: output's scale computed first from amax(input), as
- *       nvte_current_scaling_scales (recipe.h) computes it (n = 1; output->scale must be `scale`,
- *       output->amax NULL); one launch where the grid fits on the device at once, else two;
+ *       nvte_current_scaling_scales (recipe.h) computes and counts it (n = 1; output->scale must
+ *       be `scale`, output->amax NULL; skipped: one int32 or NULL); one launch where the grid
+ *       fits on the device at once, else two;
  *   _update: then nvte_delayed_scaling_update(groups, num_groups, algo, margin), run by the
  *       kernel's last block for up to 4 groups (counter: one int32, zero on entry and left
  *       zero), as a launch of its own otherwise. The groups may include output's own amax
@@ -77,7 +79,7 @@ NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* const* inputs,
 NVTEStatus nvte_cast_transpose_multi_current_scaling(
     int64_t n, const NVTETensor* const* inputs, NVTETensor* const* outputs,
     NVTETensor* const* outputs_t, float* amax, int* counter, float* scale, float* scale_inv,
-    float fp8_max, NVTEStream stream);
+    int* skipped, float fp8_max, NVTEStream stream);
 
 NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETensor* output,
                                      NVTETensor* output_t, NVTETensor* dbias,
@@ -86,7 +88,7 @@ NVTEStatus nvte_cast_transpose_dbias(const NVTETensor* input, NVTETensor* output
 NVTEStatus nvte_cast_transpose_dbias_current_scaling(
     const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
     NVTETensor* workspace, float* amax, int* counter, float* scale, float* scale_inv,
-    float fp8_max, NVTEStream stream);
+    int* skipped, float fp8_max, NVTEStream stream);
 
 NVTEStatus nvte_cast_transpose_dbias_update(
     const NVTETensor* input, NVTETensor* output, NVTETensor* output_t, NVTETensor* dbias,
