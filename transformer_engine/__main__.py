@@ -22,14 +22,15 @@ def _framework_versions() -> list:
 def info() -> str:
     import transformer_engine
     from transformer_engine.common import capabilities
-    from transformer_engine.common.native import native_module, native_unavailable_reason
+    from transformer_engine.common.native import emulation, native_module, native_unavailable_reason
 
     lines = [f"transformer_engine {transformer_engine.__version__}"]
     mod = native_module()
     if mod is None:
         lines.append(f"build backend: none (reference only): {native_unavailable_reason()}")
     else:
-        lines.append(f"build backend: {mod.build_backend()}  archs: {mod.build_archs()}")
+        emulated = f" ({emulation()})" if emulation() else ""
+        lines.append(f"build backend: {mod.build_backend()}{emulated}  archs: {mod.build_archs()}")
     lib, why = capabilities.gemm_library()
     lines.append(f"GEMM library: {lib} ({why})")
     cap = capabilities.native_device_capability()

@@ -46,7 +46,16 @@ def _hash(*parts) -> str:
     return h.hexdigest()[:24]
 
 
-def _mirror(src_dir: str, dst_dir: str) -> None:
+# The mutation check: the wavefront reductions (a shuffle-xor loop starting at half the wavefront)
+# rebuilt to start at half of a narrower width, so that lanes 32..63 are left out of every sum.
+REDUCTION_LOOP = "offset = TE_WARP_SIZE / 2"
+
+
+def _mutate(text: str, width: int | None) -> str:
+    return text if not width else text.replace(REDUCTION_LOOP, f"offset = {width} / 2")
+
+
+def _mirror(src_dir: str, dst_dir: str, width: int | None = None) -> None:
     """Copies the hipified tree with the host rewrites applied; unchanged files keep mtimes."""
     for root, _, files in os.walk(src_dir):
         rel = os.path.relpath(root, src_dir)
@@ -54,7 +63,7 @@ def _mirror(src_dir: str, dst_dir: str) -> None:
         for f in files:
             s, d = os.path.join(root, f), os.path.join(dst_dir, rel, f)
             with open(s, encoding="utf-8") as fh:
-                text = rewrite(fh.read())
+                text = _mutate(rewrite(fh.read()), width)
             if os.path.exists(d):
                 with open(d, encoding="utf-8") as fh:
                     if fh.read() == text:
@@ -120,14 +129,15 @@ def pybind_flags() -> list:
 def build(arch: str, build_dir: str, jobs: int, wave_reduction_width: int | None = None) -> dict:
     build_dir = os.path.abspath(build_dir)
     hip_dir = os.path.join(build_dir, "hipified")
-    host_dir = os.path.join(build_dir, "host")
+    suffix = f"-mutant{wave_reduction_width}" if wave_reduction_width else ""
+    host_dir = os.path.join(build_dir, "host" + suffix)
     # The same stage the ROCm build runs (build_tools/hipify_stage.py), over csrc/common and the
     # C API tests.
     common_units = hipify_stage.hipify_tree(os.path.join(ROOT, "csrc", "common"),
                                             os.path.join(hip_dir, "common"))
     test_units = hipify_stage.hipify_tree(os.path.join(ROOT, "tests", "cpp"),
                                           os.path.join(hip_dir, "cpp"))
-    _mirror(os.path.join(hip_dir, "common"), os.path.join(host_dir, "common"))
+    _mirror(os.path.join(hip_dir, "common"), os.path.join(host_dir, "common"), wave_reduction_width)
     _mirror(os.path.join(hip_dir, "cpp"), os.path.join(host_dir, "cpp"))
     common = os.path.join(host_dir, "common")
 
@@ -136,9 +146,7 @@ def build(arch: str, build_dir: str, jobs: int, wave_reduction_width: int | None
                     f"-DNVTE_BUILD_ARCHS=\"{arch}\"", "-DNVTE_DEFAULT_HIPBLASLT=1",
                     f"-I{os.path.join(RUNTIME_DIR, 'include')}", f"-I{common}",
                     f"-I{os.path.join(common, 'include')}", "-w"]
-    if wave_reduction_width:
-        device_flags.append(f"-DTE_HIPCPU_MUTANT_REDUCTION_WIDTH={wave_reduction_width}")
-    out = os.path.join(build_dir, arch)
+    out = os.path.join(build_dir, arch + suffix)
     pkg = os.path.join(out, "python", "transformer_engine")
     compiler = Compiler(os.path.join(build_dir, "objects"), jobs)
 

@@ -64,6 +64,10 @@ const char* backend_name() { return kBackendName; }
 
 void backend_check(const GemmArgs& args) {
   (void)load;  // every dtype nvte_gemm admits has a path; the loop refuses others when run
+  // The layout rule of the AMD FP8 GEMM libraries, kept so that callers see the same refusal.
+  if ((is_fp8_type(args.a_type) || is_fp8_type(args.b_type)) && !(args.transa && !args.transb))
+    throw Error(kNVTEUnsupported, concat(kBackendName, ": FP8 GEMM needs the TN layout (",
+                                         describe_problem(args), ")"));
   if (args.a_type == kNVTEInt32 || args.d_type == kNVTEInt32)
     throw Error(kNVTEUnsupported, concat(kBackendName, ": no int32 GEMM"));
 }
