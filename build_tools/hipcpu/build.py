@@ -8,6 +8,7 @@ host C++ compiler against the HIP-on-CPU runtime (tests/hipcpu), for gfx942 (FNU
 Produces, under BUILD/ARCH/:
   python/transformer_engine/   the Python package with libtransformer_engine.so and _native
   te_cpp_tests                 the C API tests of tests/cpp
+  te_failsafe_tests            the AMD fail-safes of the C API (tests/hipcpu/test_failsafes.cpp)
 Objects are cached by the hash of their preprocessed source and flags, so a translation unit
 whose preprocessed text is the same for both archs (or unchanged since the last build) is
 compiled once.
@@ -181,9 +182,16 @@ def build(arch: str, build_dir: str, jobs: int, wave_reduction_width: int | None
     tests = os.path.join(out, "te_cpp_tests")
     _run([CXX, "-o", tests, *test_objects, f"-L{pkg}", "-ltransformer_engine",
           f"-Wl,-rpath,{pkg}"])
+    failsafe_objects = compiler.objects(
+        [(os.path.join(RUNTIME_DIR, "test_failsafes.cpp"),
+          ["-std=c++17", f"-I{os.path.join(ROOT, 'csrc', 'common', 'include')}"])])
+    failsafes = os.path.join(out, "te_failsafe_tests")
+    _run([CXX, "-o", failsafes, *failsafe_objects, f"-L{pkg}", "-ltransformer_engine",
+          f"-Wl,-rpath,{pkg}"])
     print(f"hipcpu build {arch}: {compiler.compiled} objects compiled, {compiler.reused} reused "
           f"from the cache; library {lib}")
-    return {"package_dir": os.path.dirname(pkg), "cpp_tests": tests, "library": lib}
+    return {"package_dir": os.path.dirname(pkg), "cpp_tests": tests, "failsafe_tests": failsafes,
+            "library": lib}
 
 
 def main(argv=None) -> int:
