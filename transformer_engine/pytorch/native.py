@@ -53,6 +53,11 @@ def use_native(t: torch.Tensor) -> bool:
     return False
 
 
+def emulated_device(device) -> bool:
+    """Whether `device` is the emulated AMD device (CPU memory of the emulated build)."""
+    return emulation() is not None and torch.device(device).type == "cpu"
+
+
 @functools.lru_cache(maxsize=None)
 def _emulated_capability() -> capabilities.Capability:
     return capabilities.native_device_capability(0)

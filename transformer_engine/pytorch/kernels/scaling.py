@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, Tuple, Union
 
+import contextlib
+
 import torch
 
 from .. import native
@@ -72,9 +74,10 @@ def delayed_scaling_update(groups: Sequence[ScalingGroup], algo: Union[str, Call
         for device, gs in by_device.items():
             desc = [(h.data_ptr(), s.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m))
                     for h, s, si, m in gs]
-            with torch.cuda.device(device):
+            # (CPU tensors reach here only in the emulated AMD build, whose streams are sequential)
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 native.native_for_torch().delayed_scaling_update(
-                    desc, _ALGO_CODE[algo], float(margin), torch.cuda.current_stream(device).cuda_stream)
+                    desc, _ALGO_CODE[algo], float(margin), native.stream_of(gs[0][0]))
     fast_ids = {id(g) for g in fast}
     for g in groups:
         if id(g) not in fast_ids:
