@@ -23,6 +23,10 @@ for arch in gfx942 gfx950; do
   cpp=$("$BUILD/$arch/te_cpp_tests" 2>&1 | tail -1)
   echo "hipcpu $arch C API tests: $cpp"
   case "$cpp" in *" 0 failed"*) ;; *) failed=1 ;; esac
+  # the AMD fail-safes of the C API (MI200: FP8 casts and GEMMs refused)
+  safe=$("$BUILD/$arch/te_failsafe_tests" 2>&1 | tail -1)
+  echo "hipcpu $arch C API fail-safe tests: $safe"
+  case "$safe" in *" 0 failed"*) ;; *) failed=1 ;; esac
   suites=()
   for s in "${NATIVE_SUITES[@]}"; do suites+=("$ROOT/tests/pytorch/$s"); done
   # Run from the build's package folder so that its transformer_engine (with the emulated
@@ -31,7 +35,7 @@ for arch in gfx942 gfx950; do
   ran=$(echo "$line" | grep -oE '[0-9]+ (passed|failed)' | awk '{s += $1} END {print s + 0}')
   echo "hipcpu $arch pytest: $line"
   echo "hipcpu $arch native cases executed on the emulated AMD library: $ran"
-  summary+=("$arch: C API $cpp | pytest $line | native cases $ran")
+  summary+=("$arch: C API $cpp | fail-safes $safe | pytest $line | native cases $ran")
   case "$line" in *failed*|*error*) failed=1 ;; esac
 done
 
