@@ -34,7 +34,7 @@ def _build_lines(summary) -> list:
 def info() -> str:
     import transformer_engine
     from transformer_engine.common import capabilities
-    from transformer_engine.common.native import (build_summary, native_module,
+    from transformer_engine.common.native import (build_summary, emulation, native_module,
                                                   native_unavailable_reason)
 
     lines = [f"transformer_engine {transformer_engine.__version__}"]
@@ -44,7 +44,8 @@ def info() -> str:
         lines.append(f"native module: none, every op runs on the reference backend "
                      f"({native_unavailable_reason()})")
     else:
-        lines.append(f"native module: {mod.build_backend()} backend, archs {mod.build_archs()}")
+        emulated = f" ({emulation()})" if emulation() else ""
+        lines.append(f"native module: {mod.build_backend()} backend{emulated}, archs {mod.build_archs()}")
     lib, why = capabilities.gemm_library()
     lines.append(f"GEMM library: {lib} ({why})")
     cap = capabilities.native_device_capability()

@@ -2,11 +2,13 @@
 // ("gfx942:sramecc+:xnack-"), with the target features stripped.
 #include <hip/hip_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
 #include "transformer_engine/device.h"
 #include "util/error.h"
+#include "util/tensor.h"
 
 #ifndef NVTE_BUILD_ARCHS
 #define NVTE_BUILD_ARCHS ""
@@ -54,4 +56,29 @@ extern "C" NVTEStatus nvte_device_arch(int device, char* arch, size_t arch_len, 
     copy_str(buf, arch, arch_len);
     copy_str(prop.name, name, name_len);
   });
+}
+
+// MI200 (gfx90a) and MI100 (gfx908) have neither FP8 conversions nor FP8 matrix instructions.
+// The answer is kept per device: check_tensor asks for every FP8 descriptor.
+const char* te::fp8_unsupported_arch() {
+  constexpr int kDevices = 64;
+  static std::atomic<signed char> known[kDevices];  // 0 unknown, 1 has FP8, -1 gfx90a, -2 gfx908
+  int device = 0;
+  if (hipGetDevice(&device) != hipSuccess || device < 0 || device >= kDevices) {
+    (void)hipGetLastError();
+    return nullptr;  // the op itself reports the device error
+  }
+  signed char k = known[device].load(std::memory_order_relaxed);
+  if (k == 0) {
+    hipDeviceProp_t prop;
+    if (hipGetDeviceProperties(&prop, device) != hipSuccess) {
+      (void)hipGetLastError();
+      return nullptr;
+    }
+    k = std::strncmp(prop.gcnArchName, "gfx90a", 6) == 0   ? -1
+        : std::strncmp(prop.gcnArchName, "gfx908", 6) == 0 ? -2
+                                                           : 1;
+    known[device].store(k, std::memory_order_relaxed);
+  }
+  return k == -1 ? "gfx90a" : k == -2 ? "gfx908" : nullptr;
 }

@@ -81,6 +81,18 @@ void rocblas_check(const GemmArgs& g) {
 }
 
 void rocblas_run(const GemmArgs& g) {
+  // Without a workspace of the caller's, rocBLAS allocates its own device memory on first use,
+  // which a graph capture must never see: refuse there instead (the caller's workspace, when
+  // given, is handed to the handle below and rocBLAS allocates nothing).
+  if (g.workspace == nullptr || g.workspace_size == 0) {
+    hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+    if (hipStreamIsCapturing(reinterpret_cast<hipStream_t>(g.stream), &capture) == hipSuccess &&
+        capture != hipStreamCaptureStatusNone)
+      TE_UNSUPPORTED("rocBLAS GEMM (", describe_problem(g), ") under graph capture needs the "
+                     "caller's workspace: pass workspace and workspace_size (rocBLAS would "
+                     "allocate device memory during the capture)");
+    (void)hipGetLastError();
+  }
   HandleState& s = handle_for_current_device();
   check_rocblas(rocblas_set_stream(s.handle, reinterpret_cast<hipStream_t>(g.stream)),
                 "rocblas_set_stream");

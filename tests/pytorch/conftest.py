@@ -4,3 +4,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_modifyitems(config, items):
+    from utils import use_device_fp8_flavour  # after the path above is set
+    use_device_fp8_flavour(items)

@@ -14,7 +14,7 @@ import torch
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.kernels import activation as act
 from transformer_engine.pytorch.kernels.cast import fp8_max_of, quantize_reference
-from utils import DEVICES, randn, stable_seed, tols
+from utils import DEVICES, device_fp8_dtype, randn, stable_seed, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -253,6 +253,6 @@ def test_errors_name_op_and_argument(device):
     with pytest.raises(ValueError, match="dbias_dactivation.*activation"):
         kernels.dbias_dactivation(x, x, "geglu")
     with pytest.raises(ValueError, match="scale"):
-        kernels.activation_forward(x, "gelu", fp8_dtype=torch.float8_e4m3fn)
+        kernels.activation_forward(x, "gelu", fp8_dtype=device_fp8_dtype(torch.float8_e4m3fn, device))
     with pytest.raises(ValueError, match="x has dtype int32"):
         kernels.activation_forward(x.to(torch.int32), "relu")

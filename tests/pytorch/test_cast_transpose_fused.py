@@ -15,7 +15,7 @@ import torch
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.kernels import activation as act
 from transformer_engine.pytorch.kernels.cast import fp8_max_of
-from utils import DEVICES, randn, tols
+from utils import DEVICES, device_fp8_dtype, randn, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -53,7 +53,7 @@ def _assert_same_fp8(fused, unfused):
     """Fused (data, data_t, scale_inv, amax) equal the unfused ones bit for bit."""
     for name, a, b in zip(("data", "data_t", "scale_inv", "amax"), fused, unfused):
         assert a.shape == b.shape, f"{name}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
-        if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        if a.dtype.itemsize == 1 and a.dtype.is_floating_point:  # FP8, either flavour
             differ = (bits(a) != bits(b)).sum()
             assert differ == 0, f"{name} differs in {differ} bytes"
         else:
@@ -94,7 +94,7 @@ def test_cast_transpose_dbias_fp32_dbias_and_amax_accumulates(device):
     x = randn((300, 136), torch.bfloat16, device, seed=3)
     scale = torch.tensor([4.0], device=device)
     amax = torch.full((1,), 1e4, device=device)
-    _, _, dbias, _ = kernels.cast_transpose_dbias(x, scale, torch.float8_e4m3fn, amax=amax,
+    _, _, dbias, _ = kernels.cast_transpose_dbias(x, scale, device_fp8_dtype(torch.float8_e4m3fn, device), amax=amax,
                                               dbias_dtype=torch.float32)
     assert dbias.dtype == torch.float32
     torch.testing.assert_close(dbias.cpu(), x.cpu().float().sum(0),
@@ -113,9 +113,9 @@ def test_cast_transpose_dbias_short_input_same_bits(device, dtype):
     longer = torch.cat([x, torch.zeros(1, 200, dtype=dtype, device=device)])
     scale = torch.tensor([2.0], device=device)
     for dbias_dtype in (dtype, torch.float32):
-        _, _, short_db, _ = kernels.cast_transpose_dbias(x, scale, torch.float8_e4m3fn,
+        _, _, short_db, _ = kernels.cast_transpose_dbias(x, scale, device_fp8_dtype(torch.float8_e4m3fn, device),
                                                      dbias_dtype=dbias_dtype)
-        _, _, long_db, _ = kernels.cast_transpose_dbias(longer, scale, torch.float8_e4m3fn,
+        _, _, long_db, _ = kernels.cast_transpose_dbias(longer, scale, device_fp8_dtype(torch.float8_e4m3fn, device),
                                                     dbias_dtype=dbias_dtype)
         assert torch.equal(bits(short_db), bits(long_db)), dbias_dtype
 
@@ -173,9 +173,9 @@ def test_dact_dbias_in_input_dtype_and_without_dbias(device, dtype, name):
     gshape = (333, 128) if name in GATED else shape
     g = randn(gshape, dtype, device, seed=_seed(name, dtype, "nbg"))
     v = act.dactivation_fp32_reference(g.cpu(), x.cpu(), name)
-    scale = _scale_for(v, torch.float8_e5m2, device)
-    with_b = kernels.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2)
-    without = kernels.dact_dbias_cast_transpose(g, x, name, scale, torch.float8_e5m2, with_dbias=False)
+    scale = _scale_for(v, device_fp8_dtype(torch.float8_e5m2, device), device)
+    with_b = kernels.dact_dbias_cast_transpose(g, x, name, scale, device_fp8_dtype(torch.float8_e5m2, device))
+    without = kernels.dact_dbias_cast_transpose(g, x, name, scale, device_fp8_dtype(torch.float8_e5m2, device), with_dbias=False)
     assert without[2] is None
     assert torch.equal(bits(with_b[0]), bits(without[0]))
     assert torch.equal(bits(with_b[1]), bits(without[1]))
@@ -190,7 +190,7 @@ def test_dact_dbias_in_input_dtype_and_without_dbias(device, dtype, name):
 def test_bad_arguments_raise_clear_errors(device):
     x = randn((8, 16), torch.bfloat16, device, seed=1)
     s = torch.ones(1, device=device)
-    e4 = torch.float8_e4m3fn
+    e4 = device_fp8_dtype(torch.float8_e4m3fn, device)
     with pytest.raises(ValueError, match=r"act_cast_transpose\(tanh\): activation is 'tanh'"):
         kernels.act_cast_transpose(x, "tanh", s, e4)
     with pytest.raises(ValueError, match=r"act_cast_transpose\(gelu\): fp8_dtype"):

@@ -12,7 +12,7 @@ import torch
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.kernels.normalization import (layernorm_fwd_reference,
                                                           rmsnorm_fwd_reference)
-from utils import DEVICES, randn, tols
+from utils import DEVICES, device_fp8_dtype, randn, tols
 
 # (x dtype, weight dtype): same dtype, and 16-bit input with fp32 weights (mixed precision).
 DTYPES = [(torch.float32, torch.float32), (torch.float16, torch.float16),
@@ -225,5 +225,5 @@ def test_bad_arguments_name_op_and_argument(device):
     with pytest.raises(ValueError, match="layernorm_bwd: rsigma has shape"):
         kernels.layernorm_bwd(x, x, torch.zeros(4, device=device), torch.zeros(3, device=device), gamma)
     with pytest.raises(ValueError, match="layernorm_fwd: scale"):
-        kernels.layernorm_fwd(x, gamma, gamma, fp8_dtype=torch.float8_e4m3fn,
+        kernels.layernorm_fwd(x, gamma, gamma, fp8_dtype=device_fp8_dtype(torch.float8_e4m3fn, device),
                           scale=torch.ones(2, device=device))

@@ -6,7 +6,7 @@ import dataclasses
 
 from . import config
 from .fp8_formats import ArchFP8, fp8_for_arch
-from .native import build_backend, native_module, native_unavailable_reason
+from .native import build_backend, emulation, native_module, native_unavailable_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,8 @@ def gemm_library() -> tuple:
     backend = build_backend()
     if backend == "cuda":
         return "cuBLASLt", "NVIDIA build"
+    if backend == "rocm" and emulation():
+        return native_module().default_gemm_library(), emulation()
     if backend == "rocm":
         mod = native_module()
         default = bool(getattr(mod, "default_hipblaslt", lambda: True)())

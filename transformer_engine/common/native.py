@@ -1,8 +1,10 @@
 """Loads the native module once and remembers why it could not be loaded."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
+import os
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,3 +50,20 @@ def build_backend() -> str | None:
     """'cuda' or 'rocm' for a native build, None for the reference-only install."""
     mod = native_module()
     return mod.build_backend() if mod is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def emulation() -> str | None:
+    """For the emulated AMD build (the hipified kernels on the HIP-on-CPU runtime of
+    tests/hipcpu), what it emulates, e.g. 'emulated on CPU, wave64, gfx942 FNUZ'; None for every
+    other build. CPU tensors stand in for device memory there."""
+    mod = native_module()
+    if mod is None or build_backend() != "rocm":
+        return None
+    lib = os.path.join(os.path.dirname(mod.__file__), "libtransformer_engine.so")
+    try:
+        query = ctypes.CDLL(lib).nvte_hipcpu_emulation
+    except (OSError, AttributeError):
+        return None
+    query.restype = ctypes.c_char_p
+    return query().decode()

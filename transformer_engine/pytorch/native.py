@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..common import capabilities, fp8_formats
-from ..common.native import build_backend, native_module
+from ..common.native import build_backend, emulation, native_module
 
 DTYPE_CODE = {
     torch.float32: 0,
@@ -39,13 +39,28 @@ def _torch_backend() -> str | None:
 def native_for_torch():
     """The native module when it was built for the vendor this torch runs on, else None."""
     mod = native_module()
+    if mod is not None and emulation():
+        return mod
     if mod is None or build_backend() != _torch_backend():
         return None
     return mod
 
 
 def use_native(t: torch.Tensor) -> bool:
-    return t.is_cuda and native_for_torch() is not None
+    # The emulated AMD build runs its kernels on the host: CPU tensors are its device memory.
+    if t.is_cuda or (t.device.type == "cpu" and emulation()):
+        return native_for_torch() is not None
+    return False
+
+
+def emulated_device(device) -> bool:
+    """Whether `device` is the emulated AMD device (CPU memory of the emulated build)."""
+    return emulation() is not None and torch.device(device).type == "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _emulated_capability() -> capabilities.Capability:
+    return capabilities.native_device_capability(0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,6 +92,8 @@ def capability(device: torch.device | str | int | None = None) -> capabilities.C
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if device.type == "cpu" and emulation():
+        return _emulated_capability()
     if device.type != "cuda":
         return capabilities.reference_capability(f"{device.type} tensors")
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -121,6 +138,8 @@ def stream_handle(index: Optional[int]) -> int:
     """The handle of the current stream on device `index` (None: the current device). torch's
     raw query when it has one: torch.cuda.current_stream() builds a Stream object per call, which
     cost more host time than some of the kernels it launches."""
+    if emulation() and not torch.cuda.is_available():
+        return 0  # the emulation's streams are sequential
     if index is None:
         index = torch.cuda.current_device()
     if _raw_stream_of_index is not None:

@@ -28,7 +28,13 @@
 // Capability macros (device-compile time: one value per target arch in the fat binary)
 // ---------------------------------------------------------------------------------------------
 #if defined(__HIP_PLATFORM_AMD__)
-// CDNA wavefronts are 64 lanes wide on every arch we build for (gfx90a, gfx942, gfx950).
+// CDNA wavefronts are 64 lanes wide on every arch we build for (gfx90a, gfx942, gfx950). RDNA
+// (gfx10/11/12) runs 32-lane wavefronts by default: every reduction here would read lanes that do
+// not exist, so those targets are refused rather than compiled into wrong answers.
+#if defined(__GFX10__) || defined(__GFX11__) || defined(__GFX12__) || \
+    (defined(__AMDGCN_WAVEFRONT_SIZE__) && __AMDGCN_WAVEFRONT_SIZE__ != 64)
+#error "transformer_engine: wave32 AMD targets (RDNA: gfx10xx, gfx11xx, gfx12xx) are not supported; build for gfx90a, gfx942 or gfx950 (64-lane wavefronts)"
+#endif
 #define TE_WARP_SIZE 64
 #if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
 #define TE_FP8_FNUZ 1  // MI300: FP8 with no negative zero, bias shifted by one, E4M3 max 240
@@ -39,6 +45,11 @@
 #define TE_HAS_FP8 1
 #endif
 #define TE_MATRIX_CORE_MFMA 1
+// MI350 (gfx950) converts OCP FP8 in hardware, but HIP 6.4's hip_fp8.h takes its hardware path
+// only for gfx940/941/942/gfx12; the compiler's conversion builtins are used directly there.
+#if defined(__gfx950__)
+#define TE_FP8_CVT_BUILTINS 1
+#endif
 #else
 #define TE_WARP_SIZE 32
 #define TE_HAS_FP8 1   // software conversion below sm_89, hardware cvt from sm_89
@@ -46,6 +57,9 @@
 #endif
 #ifndef TE_FP8_FNUZ
 #define TE_FP8_FNUZ 0
+#endif
+#ifndef TE_FP8_CVT_BUILTINS
+#define TE_FP8_CVT_BUILTINS 0
 #endif
 
 // Kernels are written for a 32-lane logical warp; reductions use the physical size so that
@@ -91,9 +105,34 @@ constexpr float kFp8E5M2MaxOcp = 57344.0f;
 constexpr float kFp8E5M2MaxFnuz = 57344.0f;
 
 // Round-to-nearest-even with saturation to the largest finite value (NaN stays NaN).
+//
+// The rule for special inputs, the same on every vendor, flavour and code path (NVIDIA's
+// __NV_SATFINITE conversion defines it): +-Inf becomes +-max of the format (448 / 57344 OCP,
+// 240 / 57344 FNUZ), NaN stays NaN (FNUZ has one NaN code, 0x80; OCP gets 0x7F), and finite
+// values beyond max saturate to +-max. On AMD the specials are settled here, before the HIP
+// conversion or the hardware instruction runs, because the hardware paths clamp with min/max
+// operations that turn NaN into a finite value, and FNUZ has no Inf to keep. A negative value
+// that rounds to zero gives +0 in FNUZ (0x80 would be NaN).
+#if defined(__HIP_PLATFORM_AMD__)
+namespace amd_fp8 {
+template <typename Format>
+__device__ __forceinline__ float max_of() {
+  if (std::is_same<Format, fp8e4m3>::value) return TE_FP8_FNUZ ? kFp8E4M3MaxFnuz : kFp8E4M3MaxOcp;
+  return TE_FP8_FNUZ ? kFp8E5M2MaxFnuz : kFp8E5M2MaxOcp;
+}
+__device__ __forceinline__ uint8_t nan_bits() { return TE_FP8_FNUZ ? 0x80 : 0x7F; }
+__device__ __forceinline__ bool is_nan(float x) { return !(x == x); }
+}  // namespace amd_fp8
+#endif
+
 __device__ __forceinline__ uint8_t float_to_fp8_bits(float x, fp8e4m3) {
 #if defined(__HIP_PLATFORM_AMD__)
-#if TE_FP8_FNUZ
+  if (amd_fp8::is_nan(x)) return amd_fp8::nan_bits();
+  const float m = amd_fp8::max_of<fp8e4m3>();
+  x = x > m ? m : (x < -m ? -m : x);  // +-Inf and out-of-range values saturate
+#if TE_FP8_CVT_BUILTINS
+  return static_cast<uint8_t>(__builtin_amdgcn_cvt_pk_fp8_f32(x, x, 0, false) & 0xff);
+#elif TE_FP8_FNUZ
   return __hip_cvt_float_to_fp8(x, __HIP_SATFINITE, __HIP_E4M3_FNUZ);
 #else
   return __hip_cvt_float_to_fp8(x, __HIP_SATFINITE, __HIP_E4M3);
@@ -105,7 +144,12 @@ __device__ __forceinline__ uint8_t float_to_fp8_bits(float x, fp8e4m3) {
 
 __device__ __forceinline__ uint8_t float_to_fp8_bits(float x, fp8e5m2) {
 #if defined(__HIP_PLATFORM_AMD__)
-#if TE_FP8_FNUZ
+  if (amd_fp8::is_nan(x)) return amd_fp8::nan_bits();
+  const float m = amd_fp8::max_of<fp8e5m2>();
+  x = x > m ? m : (x < -m ? -m : x);
+#if TE_FP8_CVT_BUILTINS
+  return static_cast<uint8_t>(__builtin_amdgcn_cvt_pk_bf8_f32(x, x, 0, false) & 0xff);
+#elif TE_FP8_FNUZ
   return __hip_cvt_float_to_fp8(x, __HIP_SATFINITE, __HIP_E5M2_FNUZ);
 #else
   return __hip_cvt_float_to_fp8(x, __HIP_SATFINITE, __HIP_E5M2);
@@ -117,7 +161,9 @@ __device__ __forceinline__ uint8_t float_to_fp8_bits(float x, fp8e5m2) {
 
 __device__ __forceinline__ float fp8_bits_to_float(uint8_t bits, fp8e4m3) {
 #if defined(__HIP_PLATFORM_AMD__)
-#if TE_FP8_FNUZ
+#if TE_FP8_CVT_BUILTINS
+  return __builtin_amdgcn_cvt_f32_fp8(static_cast<int>(bits), 0);
+#elif TE_FP8_FNUZ
   return float(__half(__hip_cvt_fp8_to_halfraw(bits, __HIP_E4M3_FNUZ)));
 #else
   return float(__half(__hip_cvt_fp8_to_halfraw(bits, __HIP_E4M3)));
@@ -129,7 +175,9 @@ __device__ __forceinline__ float fp8_bits_to_float(uint8_t bits, fp8e4m3) {
 
 __device__ __forceinline__ float fp8_bits_to_float(uint8_t bits, fp8e5m2) {
 #if defined(__HIP_PLATFORM_AMD__)
-#if TE_FP8_FNUZ
+#if TE_FP8_CVT_BUILTINS
+  return __builtin_amdgcn_cvt_f32_bf8(static_cast<int>(bits), 0);
+#elif TE_FP8_FNUZ
   return float(__half(__hip_cvt_fp8_to_halfraw(bits, __HIP_E5M2_FNUZ)));
 #else
   return float(__half(__hip_cvt_fp8_to_halfraw(bits, __HIP_E5M2)));

@@ -22,6 +22,12 @@ void check_tensor(const NVTETensor* t, const char* what) {
     TE_CHECK_ARG(t->shape[i] >= 0, what, " has negative extent in shape ", shape_str(*t));
   TE_CHECK_ARG(t->data != nullptr || numel(*t) == 0, what, " with shape ", shape_str(*t),
                " has a null data pointer");
+  if (is_fp8(t->dtype)) {
+    if (const char* arch = fp8_unsupported_arch())
+      throw Error(kNVTEUnsupported,
+                  concat(what, " is ", nvte_dtype_name(t->dtype), ", but this device (", arch,
+                         ") has no FP8: use bfloat16 or float16 (FP8 needs MI300 / gfx942 or newer)"));
+  }
 }
 
 int64_t numel(const NVTETensor& t) {

@@ -16,8 +16,14 @@ inline bool is_high_precision(NVTEDType t) {
 
 std::string shape_str(const NVTETensor& t);
 
-// Checks that the descriptor is well formed; `what` names the argument ("input", "output").
+// Checks that the descriptor is well formed; `what` names the argument ("input", "output"). An
+// FP8 tensor is refused on a device without FP8 (kNVTEUnsupported), so every FP8 cast and GEMM of
+// the C API refuses there, not only the Python layer.
 void check_tensor(const NVTETensor* t, const char* what);
+
+// The current device's arch name when it has no FP8 at all (AMD MI200, gfx90a), else null.
+// Defined per vendor (csrc/cuda, csrc/hip): NVIDIA converts FP8 in software below sm_89.
+const char* fp8_unsupported_arch();
 
 int64_t numel(const NVTETensor& t);
 

@@ -29,7 +29,7 @@ def check_fp8_dtype(op: str, fp8_dtype, device):
     """The FP8 dtype must be one the device encodes (OCP on NVIDIA/gfx950, FNUZ on gfx942)."""
     if fp8_dtype not in native.FP8_DTYPES:
         raise ValueError(f"{op}: fp8_dtype is {fp8_dtype}; expected an FP8 dtype")
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda" and not native.emulated_device(device):
         return  # the reference backend emulates both encodings
     cap = native.capability(device)
     if cap.fp8_flavor is None:

@@ -85,10 +85,17 @@ def gemm_workspace_raw(index: int, stream: int):
     if entry is not None:
         _WORKSPACES.move_to_end(key)
         return entry
-    ws = torch.empty(native.native_for_torch().gemm_workspace_size(), dtype=torch.uint8,
-                     device=torch.device("cuda", index))
+    # index None: a CPU tensor, which only the emulated AMD build runs natively
+    device = torch.device("cuda", index) if index is not None else torch.device("cpu")
+    size = native.native_for_torch().gemm_workspace_size()
+    if device.type == "cuda":
+        ws = torch.empty(size, dtype=torch.uint8, device=device)
+    else:  # the CPU allocator aligns to 64 bytes; the C API wants 256
+        raw = torch.empty(size + 256, dtype=torch.uint8)
+        offset = -raw.data_ptr() % 256
+        ws = raw[offset:offset + size]
     entry = (ws, ws.data_ptr(), ws.numel())
-    if not torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         _WORKSPACES[key] = entry
         if len(_WORKSPACES) > _MAX_WORKSPACES:
             _WORKSPACES.popitem(last=False)

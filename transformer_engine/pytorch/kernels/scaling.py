@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, Tuple, Union
 
+import contextlib
+
 import torch
 
 from .. import native
@@ -92,9 +94,10 @@ def delayed_scaling_update(groups: Sequence[ScalingGroup], algo: Union[str, Call
             desc = [(g[0].data_ptr(), g[1].data_ptr(), g[2].data_ptr(), g[0].shape[0],
                      g[0].shape[1], float(g[3]), g[4].data_ptr() if len(g) == 5 else 0)
                     for g in gs]
-            with torch.cuda.device(device):
+            # (CPU tensors reach here only in the emulated AMD build, whose streams are sequential)
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 native.native_for_torch().delayed_scaling_update(
-                    desc, _ALGO_CODE[algo], float(margin), torch.cuda.current_stream(device).cuda_stream)
+                    desc, _ALGO_CODE[algo], float(margin), native.stream_of(gs[0][0]))
     fast_ids = {id(g) for g in fast}
     for g in groups:
         if id(g) not in fast_ids:
