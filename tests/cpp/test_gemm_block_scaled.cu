@@ -92,7 +92,9 @@ TE_TEST(gemm_block_scaled_matches_cpu) {
         }
         const double err = std::fabs(got[j * m + i] - want);
         worst = std::fmax(worst, err / (mag + 1e-30));
-        bad += err > 4e-5 * mag + 1e-6;  // fp32 accumulation over k = 384
+        // Hopper's FP8 tensor cores accumulate with fewer bits than fp32: about 2^-13 of
+        // the products' magnitude was measured on an H100; a wrong scale layout is off by O(1)
+        bad += err > 5e-4 * mag + 1e-6;
       }
     TE_EXPECT(bad == 0, "%d of %lld results off (worst relative %g), dims %d x %d", bad,
               (long long)(m * n), worst, d[0], d[1]);

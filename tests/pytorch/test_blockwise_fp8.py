@@ -166,10 +166,15 @@ def test_gemm_vs_dequantized_matmul(device, m, n, k, a_dim, b_dim, out_dtype):
     cpu = lambda q: B.BlockQuantized(q.data.cpu(), q.scale_inv.cpu(), q.block_dim)  # noqa: E731
     ref = B.gemm_blockwise_reference(cpu(aq), cpu(bq), torch.float32, bias.cpu())
     assert d.shape == (n, m) and d.dtype == out_dtype
-    # fp32 accumulation of exactly representable products: the result's own rounding plus
-    # summation order
-    tol = dict(rtol=2e-2, atol=2e-2) if out_dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(d.float().cpu(), ref, **tol)
+    # the products are exact; the error is the accumulation's, judged against the sum of the
+    # products' magnitudes: Hopper's FP8 tensor cores accumulate with fewer bits than fp32
+    # (about 2^-13 relative to that sum was measured on an H100), plus the output's rounding
+    mag = (B.dequantize_blockwise(cpu(bq)).abs() @ B.dequantize_blockwise(cpu(aq)).abs().t()
+           + bias.cpu().float().abs())
+    rounding = 2 ** -8 if out_dtype == torch.bfloat16 else 0.0
+    err = (d.float().cpu() - ref).abs()
+    bound = 5e-4 * mag + rounding * ref.abs() + 1e-6
+    assert (err <= bound).all(), f"{int((err > bound).sum())} of {err.numel()} results off"
     # and the blocks really matter: the per-tensor product of the same FP8 bytes differs
     assert not torch.allclose(ref, (bq.data.float().cpu() @ aq.data.float().cpu().t()), rtol=0.1)
 

@@ -150,7 +150,8 @@ def quantize_blockwise(x: torch.Tensor, fp8_dtype: torch.dtype, block_dim: int,
     """(rowwise, transposed or None) BlockQuantized of a 2-D x (see the module docstring)."""
     op = "quantize_blockwise"
     _check(op, x, fp8_dtype, block_dim)
-    if not native.use_native(x):
+    if not native.use_native(x) or x.numel() == 0:
+        # (an empty x has empty scale tensors: nothing for the kernel to do)
         return quantize_blockwise_reference(x, fp8_dtype, block_dim, pow2_scales, with_transpose)
     x = x.contiguous()
     rows, cols = x.shape
