@@ -172,7 +172,9 @@ def write_json(path: str | None, payload: dict) -> None:
 
 
 def print_table(rows: list, columns: list) -> None:
-    widths = [max(len(str(c)), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    if not rows:  # e.g. every case of this table filtered out
+        return
+    widths = [max([len(str(c))] + [len(_fmt(r.get(c))) for r in rows]) for c in columns]
     print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
