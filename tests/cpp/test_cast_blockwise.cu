@@ -30,7 +30,7 @@ int64_t round_up4(int64_t a) { return (a + 3) / 4 * 4; }
 // bytes and the scale_inv array in the layout of cast.h.
 void model_quantize(const std::vector<float>& x, int64_t rows, int64_t cols, int block_dim,
                     bool pow2, bool e4m3, std::vector<uint8_t>& q, std::vector<float>& sinv) {
-  const float fmax = e4m3 ? 448.f : 57344.f;
+  const float fmax = host_fp8_max(e4m3);
   const int64_t bh = block_dim == 2 ? 128 : 1;
   const int64_t ld = block_dim == 2 ? round_up4(ceil_div(cols, 128)) : round_up4(rows);
   q.assign(size_t(rows * cols), 0);

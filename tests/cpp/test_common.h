@@ -13,6 +13,7 @@
 
 #include "test_harness.h"
 #include "transformer_engine/transformer_engine.h"
+#include "util/arch.h"
 
 namespace te_test {
 
@@ -62,6 +63,13 @@ inline NVTETensor desc(void* data, std::vector<int64_t> shape, NVTEDType dtype, 
 // OCP FP8 encodings on the host, the CPU loop the kernels are compared with.
 inline uint8_t host_fp8(float x, bool e4m3) {
   return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// The largest finite E4M3 / E5M2 value of the FP8 flavour this build's kernels use (arch.h:
+// OCP on NVIDIA and gfx950, FNUZ on gfx942): host_fp8 follows the same flavour.
+inline float host_fp8_max(bool e4m3) {
+  if (e4m3) return TE_FP8_FNUZ ? te::kFp8E4M3MaxFnuz : te::kFp8E4M3MaxOcp;
+  return TE_FP8_FNUZ ? te::kFp8E5M2MaxFnuz : te::kFp8E5M2MaxOcp;
 }
 
 inline bool cuda_ok() {

@@ -63,6 +63,10 @@ namespace gemm {
 const char* backend_name() { return kBackendName; }
 
 void backend_check(const GemmArgs& args) {
+  // the loop reads one scale per operand: block scales would be silently ignored
+  if (is_block_scaled(args))
+    throw Error(kNVTEUnsupported, concat(kBackendName, ": Float8BlockScaling (block-scaled FP8 GEMM) ",
+                                         "is not supported; it needs cuBLASLt on sm_90"));
   (void)load;  // every dtype nvte_gemm admits has a path; the loop refuses others when run
   // The layout rule of the AMD FP8 GEMM libraries, kept so that callers see the same refusal.
   if ((is_fp8_type(args.a_type) || is_fp8_type(args.b_type)) && !(args.transa && !args.transb))
