@@ -35,7 +35,7 @@ BACKENDS = ("cudnn", "sdpa", "portable", "unfused")
 # without a dense mask tensor, sdpa goes before portable (the portable wgmma kernel runs at
 # 0.62-0.73x SDPA-cuDNN on sm_90); where the framework needs a dense mask (padding, windows,
 # bottom-right causal with sq != sk) it falls to its memory-efficient kernel and portable, which
-# applies masks in-kernel, goes first. PROVISIONAL: benchmarks/bench_attention.py --order-cases
+# applies masks in-kernel, goes first. Not yet measured: benchmarks/bench_attention.py --filter order
 # measures both backends on both sides of the predicate; the H100 ratios belong here.
 ORDER_NVIDIA_FAST_PATH = ("cudnn", "sdpa", "portable", "unfused")
 ORDER_NVIDIA_MASKED = ("cudnn", "portable", "sdpa", "unfused")
