@@ -25,6 +25,23 @@ from .base import TransformerEngineBaseModule, default_device, default_init_meth
 _NAME = "GroupedLinear"
 
 
+def is_module_grouped_tensor_path_supported(recipe, dtype: torch.dtype) -> bool:
+    """Whether GroupedLinear has a grouped-tensor path (all experts' weights in one grouped
+    parameter, one grouped GEMM over device-resident splits) for ``recipe`` and ``dtype``.
+
+    Args:
+        recipe: the FP8 recipe (``None`` for high precision).
+        dtype: the parameter dtype.
+
+    Returns:
+        Always ``False`` in this library: GroupedLinear keeps one parameter per GEMM
+        (``weight0`` ... ``weight{num_gemms-1}``) and reads ``m_splits`` on the host. Callers that
+        need the single-parameter layout take their per-GEMM path.
+    """
+    del recipe, dtype
+    return False
+
+
 def _check_splits(m_splits, num_gemms: int, rows: int):
     if isinstance(m_splits, torch.Tensor):
         m_splits = m_splits.tolist()  # sizes decide shapes: they are needed on the host
