@@ -44,6 +44,7 @@ def main():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
+    from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
@@ -59,6 +60,9 @@ def main():
     model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
                      vocab_size=vocab, max_sequence_length=args.seq).cuda()
     layers = check_ours(model)
+    # as Megatron's own training loop does for bf16: every parameter (the learned position
+    # embedding is made in fp32) in bf16, the inputs cast on the way in
+    model = Float16Module(config, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
     gen = torch.Generator().manual_seed(7)
 

@@ -42,8 +42,10 @@ def test_conversion_helpers(accelerator):
         convert_model(model)
     assert has_transformer_engine_layers(model)
     assert isinstance(model[0], te.Linear) and isinstance(model[2], te.LayerNorm)
-    # same weights, high precision outside fp8_autocast: the same function
-    torch.testing.assert_close(model(_data()[0]), want, rtol=1e-5, atol=1e-5)
+    # same weights, high precision outside fp8_autocast: the same function (te layers are made
+    # on the default device, a GPU where there is one, as NV TE's are)
+    dev = model[0].weight.device
+    torch.testing.assert_close(model(_data()[0].to(dev)).cpu(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_accelerator_fp8_prepares_and_trains(accelerator):
