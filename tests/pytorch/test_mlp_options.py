@@ -39,6 +39,24 @@ def test_checkpoint_matches_plain(device, recipe, activation):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["none", "delayed"])
+def test_checkpoint_input_without_grad(device, recipe):
+    """An input that does not require grad (a first layer, or dgrad skipped): the recompute still
+    runs and the parameter gradients equal those without checkpointing."""
+    plain, ckpt = _pair(device, torch.bfloat16)
+    x = randn((48, 32), torch.bfloat16, device, seed=5, scale=2.0)
+    g = randn((48, 32), torch.bfloat16, device, seed=6)
+    for m in (plain, ckpt):
+        with autocast(recipe):
+            y = m(x)
+        assert y.requires_grad
+        y.backward(g)
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        assert p.grad is not None, n
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_clamped_swiglu_params_reach_the_kernel(device):
     torch.manual_seed(0)
     tight = te.LayerNormMLP(32, 64, activation="clamped_swiglu",

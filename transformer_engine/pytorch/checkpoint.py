@@ -67,7 +67,11 @@ def _gather_saved(chunk, shape, tp_group):
 
 class _CheckpointFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, function, distribute, tracker_fn, tp_group, kwargs, *args):
+    def forward(ctx, function, distribute, tracker_fn, tp_group, kwargs, n_params, *args_params):
+        # the trailing n_params tensors are the owning module's parameters: inputs of this node
+        # only so that the output requires grad when no argument does (the recompute's own
+        # backward accumulates their gradients)
+        args = args_params[:len(args_params) - n_params]
         s = FP8GlobalState
         ctx.fp8 = (s.enabled, s.calibrating, s.recipe, s.group, s.step)
         ctx.rng = _rng_states(tracker_fn)
@@ -83,7 +87,7 @@ class _CheckpointFunction(torch.autograd.Function):
                 ctx.layout.append(("t", a.requires_grad))
             else:
                 ctx.layout.append(("o", a))
-        ctx.shapes = shapes
+        ctx.shapes, ctx.n_params = shapes, n_params
         ctx.save_for_backward(*tensors)
         return outputs
 
@@ -116,7 +120,7 @@ class _CheckpointFunction(torch.autograd.Function):
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads_in = [inp.grad if kind == "t" and val else None
                     for inp, (kind, val) in zip(inputs, ctx.layout)]
-        return (None, None, None, None, None) + tuple(grads_in)
+        return (None, None, None, None, None, None) + tuple(grads_in) + (None,) * ctx.n_params
 
 
 def checkpoint(function: Callable, *args, distribute_saved_activations: bool = False,
@@ -154,5 +158,14 @@ def checkpoint(function: Callable, *args, distribute_saved_activations: bool = F
     """
     if not callable(function):
         raise TypeError(f"checkpoint: function must be callable, got {type(function).__name__}")
+    params = ()
+    if torch.is_grad_enabled() and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        params = tuple(p for p in _owner_parameters(function) if p.requires_grad)
     return _CheckpointFunction.apply(function, bool(distribute_saved_activations),
-                                     get_rng_state_tracker, tp_group, kwargs, *args)
+                                     get_rng_state_tracker, tp_group, kwargs, len(params), *args, *params)
+
+
+def _owner_parameters(function):
+    """The parameters of the module ``function`` is (or is a bound method of); none otherwise."""
+    owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
+    return owner.parameters() if isinstance(owner, torch.nn.Module) else ()
