@@ -214,3 +214,12 @@ def test_fp8_meta_reports_module_state():
     assert meta["scaling_fwd"].amax_history.shape == (3, 2)
     assert bool((meta["scaling_fwd"].amax_history > 0).any())
     assert torch.equal(meta["scaling_fwd"].scale, m._fp8_state.scale_fwd)
+
+
+def test_grouped_linear_single_parameter_options_refused_on():
+    te.GroupedLinear(2, 32, 32, device="cpu", single_grouped_weight=False, single_grouped_bias=False,
+                     use_grouped_tensor=False)
+    for kw in ({"single_grouped_weight": True}, {"single_grouped_bias": True},
+               {"use_grouped_tensor": True}, {"ub_overlap_rs": True}):
+        with pytest.raises(NotImplementedError, match=f"GroupedLinear: {next(iter(kw))}=True"):
+            te.GroupedLinear(2, 32, 32, device="cpu", **kw)

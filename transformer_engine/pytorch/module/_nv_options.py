@@ -16,6 +16,9 @@ _OFF = {
     "return_max_logit": (False, "returning the max attention logit"),
     "qk_norm_type": (None, "query/key normalisation"),
     "softmax_type": ("vanilla", "softmax types other than 'vanilla'"),
+    "single_grouped_weight": (False, "one grouped weight parameter for all GEMMs"),
+    "single_grouped_bias": (False, "one grouped bias parameter for all GEMMs"),
+    "use_grouped_tensor": (None, "the grouped-tensor path (see is_module_grouped_tensor_path_supported)"),
 }
 
 

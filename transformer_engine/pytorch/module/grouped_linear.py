@@ -20,6 +20,7 @@ import torch
 
 from . import _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
+from ._nv_options import check_off
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
 
 _NAME = "GroupedLinear"
@@ -228,7 +229,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         ``reset_parameters()``).
     ub_overlap_rs, ub_overlap_ag : bool, default False
         Overlap of tensor-parallel communication with the GEMMs through NVIDIA's userbuffers.
-        Not implemented: only False is accepted (True raises ValueError).
+        Not implemented: only False is accepted (True raises NotImplementedError).
     ub_name : str, optional
         Name of the userbuffers communicator; stored, without effect.
     delay_wgrad_compute : bool, default False
@@ -240,8 +241,16 @@ class GroupedLinear(TransformerEngineBaseModule):
     save_original_input : bool, default False
         Accepted and stored, without effect: the backward reads the FP8 copy of each group's
         input under FP8, and the input itself otherwise.
+    single_grouped_weight, single_grouped_bias : bool, default False
+        One grouped parameter holding every GEMM's weight (bias). Not implemented: only False is
+        accepted (True raises NotImplementedError); the weights are ``weight0`` ...
+        ``weight{num_gemms-1}``.
     name : str, optional
         A name for the module, used in debug logging only.
+    use_grouped_tensor : bool, optional
+        The grouped-tensor path (one grouped GEMM over device-resident splits). Not
+        implemented: None or False (the per-GEMM path) is accepted, True raises
+        NotImplementedError.
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int,
@@ -253,13 +262,16 @@ class GroupedLinear(TransformerEngineBaseModule):
                  device: Union[torch.device, str, None] = None, ub_overlap_rs: bool = False,
                  ub_overlap_ag: bool = False, ub_name: Optional[str] = None,
                  delay_wgrad_compute: bool = False, save_original_input: bool = False,
-                 name: Optional[str] = None):
+                 single_grouped_weight: bool = False, single_grouped_bias: bool = False,
+                 name: Optional[str] = None, use_grouped_tensor: Optional[bool] = None):
         super().__init__()
         if not isinstance(num_gemms, int) or num_gemms < 1:
             raise ValueError(f"{_NAME}: num_gemms is {num_gemms!r}; expected a positive int")
-        if ub_overlap_rs or ub_overlap_ag:
-            raise ValueError(f"{_NAME}: ub_overlap_rs/ub_overlap_ag (userbuffer overlap) are not "
-                             "supported; pass False")
+        # use_grouped_tensor=False asks for the per-GEMM path, which is the only one
+        check_off(_NAME, ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+                  single_grouped_weight=bool(single_grouped_weight),
+                  single_grouped_bias=bool(single_grouped_bias),
+                  use_grouped_tensor=use_grouped_tensor or None)
         _parallel.check_parallel_mode(_NAME, parallel_mode)
         self.num_gemms = num_gemms
         self.fp8_slots = (2 * num_gemms, num_gemms)  # per group: input, weight; output gradient
