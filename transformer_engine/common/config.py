@@ -68,6 +68,15 @@ def debug_level() -> int:
         raise ValueError(f"environment variable NVTE_DEBUG_LEVEL={raw!r}: expected 0, 1 or 2") from None
 
 
+def jax_warn_skipped_updates_in_step() -> bool:
+    """NVTE_JAX_WARN_SKIPPED_UPDATES=1 (default 0): the JAX Flax modules warn from inside the
+    step, through a host callback, once per module and recipe when an FP8 scale update was
+    skipped for a non-finite amax. The callback waits for the device at every step, so it is a
+    debugging aid; without it the counter (`transformer_engine.jax.fp8_skipped_updates`) is the
+    signal."""
+    return bool(_flag("NVTE_JAX_WARN_SKIPPED_UPDATES", False))
+
+
 JAX_CUSTOM_CALLS = ("quantize", "cast_transpose", "layernorm", "rmsnorm", "activation",
                     "softmax", "gemm", "delayed_scaling", "attention")
 

@@ -9,6 +9,7 @@ from . import kernels  # noqa: F401
 from .fp8 import (FP8_COLLECTION, autocast, fp8_autocast, get_fp8_recipe,  # noqa: F401
                   is_fp8_enabled, update_fp8_metas)
 from .sharding import MeshResource  # noqa: F401
+from .skipped_updates import fp8_skipped_updates  # noqa: F401
 from .dense import dense  # noqa: F401
 from .layernorm_mlp import activation, layernorm, layernorm_dense, layernorm_mlp  # noqa: F401
 from .primitives.softmax import softmax  # noqa: F401

@@ -47,49 +47,85 @@ _dense_hp.defvjp(_dense_hp_fwd, _dense_hp_bwd)
 def _scales(cfg, scale, x2, kernel):
     if cfg.delayed:
         return scale[fp8_mod.INPUT], scale[fp8_mod.KERNEL]
-    return (fp8_mod.current_scale(x2, cfg.fwd_max, cfg.power_2_scales),
-            fp8_mod.current_scale(kernel, cfg.fwd_max, cfg.power_2_scales))
+    last = (None, None) if scale is None else (scale[fp8_mod.INPUT], scale[fp8_mod.KERNEL])
+    return (fp8_mod.current_scale(x2, cfg.fwd_max, cfg.power_2_scales, last[0]),
+            fp8_mod.current_scale(kernel, cfg.fwd_max, cfg.power_2_scales, last[1]))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _dense_fp8(x2, kernel, bias, amax_history, scale, cfg):
-    return _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _dense_fp8(x2, kernel, bias, amax_history, scale, skipped, cfg):
+    return _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, skipped, cfg)[0]
 
 
-def _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, cfg):
+def _dense_fp8_fwd(x2, kernel, bias, amax_history, scale, skipped, cfg):
     sx, sw = _scales(cfg, scale, x2, kernel)
     xq, xq_t, x_si, x_amax = cast_transpose(x2, sx, cfg.fwd_dtype)
     wq, wq_t, w_si, w_amax = cast_transpose(kernel.astype(x2.dtype), sw, cfg.fwd_dtype)
     out = general_gemm(wq_t, xq, x2.dtype, layout="TN", A_scale_inv=w_si, B_scale_inv=x_si,
                        bias=bias).out
     # residuals must be arrays: empty ones carry the dtypes of x and kernel
-    res = (xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, bias,
-           jnp.zeros((0,), x2.dtype), jnp.zeros((0,), kernel.dtype))
+    res = (xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, skipped, bias,
+           jnp.zeros((0,), x2.dtype), jnp.zeros((0,), kernel.dtype), jnp.stack([sx, sw]))
     return out, res
 
 
 def _dense_fp8_bwd(cfg, res, dy):
-    xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, bias, x_like, k_like = res
+    xq_t, wq, x_si, w_si, x_amax, w_amax, amax_history, scale, skipped, bias, x_like, k_like, \
+        fwd_scales = res
     x_dtype, k_dtype = x_like.dtype, k_like.dtype
     dy = dy.astype(x_dtype)
-    sg = scale[fp8_mod.GRAD] if cfg.delayed else \
-        fp8_mod.current_scale(dy, cfg.bwd_max, cfg.power_2_scales)
+    sg = scale[fp8_mod.GRAD] if cfg.delayed else fp8_mod.current_scale(
+        dy, cfg.bwd_max, cfg.power_2_scales, None if scale is None else scale[fp8_mod.GRAD])
     gq, gq_t, g_si, g_amax = cast_transpose(dy, sg, cfg.bwd_dtype)
     dx = general_gemm(wq, gq, x_dtype, layout="TN", A_scale_inv=w_si, B_scale_inv=g_si).out
     dw = general_gemm(gq_t, xq_t, jnp.float32, layout="TN", A_scale_inv=g_si,
                       B_scale_inv=x_si).out
+    amaxes = jnp.concatenate([x_amax, w_amax, g_amax])
     d_hist = d_scale = None
     if cfg.delayed:
-        amaxes = jnp.concatenate([x_amax, w_amax, g_amax])
-        d_hist, d_scale = fp8_mod.updated_fp8_meta(cfg, amax_history, scale, amaxes)
-    return dx, dw.astype(k_dtype), _dbias(dy, bias), d_hist, d_scale
+        d_hist, d_scale, d_skipped = fp8_mod.updated_fp8_meta(cfg, amax_history, scale, amaxes,
+                                                              skipped)
+    else:
+        # current scaling's state: the scales just used, which are the last finite ones
+        if scale is not None:
+            d_scale = jnp.concatenate([fwd_scales, jnp.reshape(sg, (1,))])
+        d_skipped = fp8_mod.counted_skips(skipped, amaxes)
+    return dx, dw.astype(k_dtype), _dbias(dy, bias), d_hist, d_scale, d_skipped
 
 
 _dense_fp8.defvjp(_dense_fp8_fwd, _dense_fp8_bwd)
 
 
+@jax.custom_vjp
+def _keep_fp8_meta(out, fp8_meta):
+    return out
+
+
+def _keep_fp8_meta_fwd(out, fp8_meta):
+    return out, fp8_meta
+
+
+def _keep_fp8_meta_bwd(fp8_meta, dy):
+    # a step that ran in high precision (sizes unfit for FP8) hands the FP8 state on unchanged:
+    # without this its "gradient", the next step's state, would be zeros
+    return dy, fp8_meta
+
+
+_keep_fp8_meta.defvjp(_keep_fp8_meta_fwd, _keep_fp8_meta_bwd)
+
+
 def fp8_gemm_fits(tokens: int, k: int, m: int) -> bool:
     return tokens > 0 and all(d % 16 == 0 for d in (tokens, k, m))
+
+
+def _unpack_fp8_meta(fp8_meta):
+    """(amax_history, scale, skipped_updates) of a 2- or 3-tuple (or Nones)."""
+    if fp8_meta is None:
+        return None, None, None
+    if not isinstance(fp8_meta, (tuple, list)) or len(fp8_meta) not in (2, 3):
+        raise ValueError(f"dense: fp8_meta must be a tuple (amax_history, scale[, "
+                         f"skipped_updates]), got {type(fp8_meta).__name__}")
+    return tuple(fp8_meta) + (None,) * (3 - len(fp8_meta))
 
 
 def dense(x, kernel, bias=None, fp8_meta=None):
@@ -108,11 +144,15 @@ def dense(x, kernel, bias=None, fp8_meta=None):
         Weight ``[k, m]``, cast to ``x``'s dtype.
     bias : jax.Array, optional
         Bias ``[m]``.
-    fp8_meta : tuple of (jax.Array, jax.Array), optional
-        ``(amax_history [history_len, 3], scale [3])`` of the input, kernel and output gradient
-        for delayed scaling under :func:`fp8_autocast` (the Flax modules keep them in the
-        ``FP8_COLLECTION`` variables). Ignored outside FP8 and under current scaling; required
-        for delayed scaling.
+    fp8_meta : tuple of jax.Array, optional
+        ``(amax_history, scale, skipped_updates)``: the FP8 state of the input, kernel and output
+        gradient, as the Flax modules keep it in the ``FP8_COLLECTION`` variables.
+        ``amax_history`` ``[history_len, 3]`` and ``scale`` ``[3]`` are required under delayed
+        scaling; under current scaling ``amax_history`` is unused (``None``) and ``scale`` is
+        optional: each tensor's last finite scale, used when its amax is NaN or infinite (without
+        it such a tensor is cast with scale 1). ``skipped_updates`` ``[3]`` (float32, optional;
+        the tuple may have two elements) counts the steps skipped for a non-finite amax.
+        Ignored outside FP8. The updated state is the gradient of ``fp8_meta``.
 
     Returns
     -------
@@ -129,17 +169,17 @@ def dense(x, kernel, bias=None, fp8_meta=None):
     x2 = x.reshape(math.prod(lead), k)
     kernel = kernel.astype(x.dtype)
     cfg = fp8_mod.current_fp8_config()
+    amax_history, scale, skipped = _unpack_fp8_meta(fp8_meta)
     if cfg is not None and fp8_gemm_fits(x2.shape[0], k, m):
-        if cfg.delayed:
-            if fp8_meta is None:
-                raise ValueError("dense: delayed scaling needs fp8_meta=(amax_history, scale) "
-                                 "(the Flax modules provide it)")
-            amax_history, scale = fp8_meta
-        else:
-            amax_history = scale = None
-        out = _dense_fp8(x2, kernel, bias, amax_history, scale, cfg)
+        if cfg.delayed and (amax_history is None or scale is None):
+            raise ValueError("dense: delayed scaling needs fp8_meta=(amax_history, scale[, "
+                             "skipped_updates]) (the Flax modules provide it)")
+        out = _dense_fp8(x2, kernel, bias, amax_history if cfg.delayed else None, scale,
+                         skipped, cfg)
     else:
         out = _dense_hp(x2, kernel, bias)
+        if cfg is not None and fp8_meta is not None:
+            out = _keep_fp8_meta(out, (amax_history, scale, skipped))
     return out.reshape(lead + (m,))
 
 

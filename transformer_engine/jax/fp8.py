@@ -2,19 +2,24 @@
 hard-coded: OCP on NVIDIA and the reference backend, FNUZ on MI300), and the functional FP8
 metadata of the dense-like ops.
 
-Delayed scaling keeps, per dense-like op, a Flax variable collection FP8_COLLECTION holding
-`amax_history` [history_len, 3] and `scale` [3] for (input, kernel, output gradient). The step
-is functional: the ops' custom VJPs return, as the "gradient" of those variables, their updated
-values (this step's amaxes recorded, the history rolled and the scales recomputed on the device by
-the delayed-scaling primitive). So after `grads = jax.grad(loss)(params, fp8_vars)`, the new
-FP8 variables are the gradients of the FP8 collection: `fp8_vars = update_fp8_metas(grads)`.
+Per dense-like op the Flax modules keep their FP8 state in the variable collection
+FP8_COLLECTION, three values for (input, kernel, output gradient) each:
+  * delayed scaling: `amax_history` [history_len, 3], `scale` [3] and `skipped_updates` [3];
+  * current scaling: `scale` [3] (the last finite scale of each tensor) and `skipped_updates` [3].
+The step is functional: the ops' custom VJPs return, as the "gradient" of those variables, their
+updated values (this step's amaxes recorded, the history rolled and the scales recomputed on the
+device by the delayed-scaling primitive). So after `grads = jax.grad(loss)(params, fp8_vars)`,
+the new FP8 variables are the gradients of the FP8 collection: `fp8_vars = update_fp8_metas(grads)`.
 A module applied more than once in one step receives the sum of its updates (not supported).
-Current scaling needs no state: each cast uses fp8_max / amax of its own tensor.
+Current scaling casts each tensor with fp8_max / amax of its own values.
 
-A step whose amax is NaN or infinite leaves delayed scaling alone: that amax never enters the
-history and the scale stays the last finite one (kernels.delayed_scaling_update, the custom call
-and the PyTorch frontend agree bit for bit; their `skipped=` argument counts such steps).
-Current scaling, which keeps no state here, casts such a tensor with scale 1.
+A step whose amax is NaN or infinite leaves the scaling alone, for both recipes: that amax never
+enters the history and the tensor keeps the scale of its last finite step
+(kernels.delayed_scaling_update, the custom call and the PyTorch frontend agree bit for bit). Each
+such step adds one to the tensor's `skipped_updates` (float32, because it travels as a gradient;
+exact up to 2**24), read with `transformer_engine.jax.fp8_skipped_updates`. Without state
+(the functional ops called with no `fp8_meta` under current scaling) such a tensor is cast with
+scale 1 and nothing is counted.
 """
 from __future__ import annotations
 
@@ -168,28 +173,52 @@ def current_fp8_config() -> Optional[FP8Config]:
 
 
 def init_fp8_meta(history_len: int):
-    """(amax_history [L, 3], scale [3]) initial values."""
-    return jnp.zeros((history_len, NUM_META), jnp.float32), jnp.ones((NUM_META,), jnp.float32)
+    """(amax_history [L, 3], scale [3], skipped_updates [3]) initial values."""
+    return (jnp.zeros((history_len, NUM_META), jnp.float32), jnp.ones((NUM_META,), jnp.float32),
+            init_skipped_updates())
 
 
-def current_scale(x, fp8_max, power_2_scales=False):
-    """fp8_max / max|x| (1 where x is all zero or not finite), a power of two below it if asked."""
+def init_skipped_updates():
+    """The per-tensor count of scale updates skipped for a non-finite amax, initially zero.
+    float32: the count is returned as the "gradient" of its variable (see the module docstring),
+    and integer inputs of a custom VJP get no gradient."""
+    return jnp.zeros((NUM_META,), jnp.float32)
+
+
+def current_scale(x, fp8_max, power_2_scales=False, last_scale=None):
+    """fp8_max / max|x| (1 where x is all zero), a power of two below it if asked. Where the amax
+    is NaN or infinite: `last_scale` (the tensor's last finite scale), or 1 without one."""
     amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if x.size else jnp.float32(0)
     s = jnp.float32(fp8_max) / amax
     s = jnp.where((amax > 0) & jnp.isfinite(s), s, jnp.float32(1))
-    return jnp.exp2(jnp.floor(jnp.log2(s))) if power_2_scales else s
+    if power_2_scales:
+        s = jnp.exp2(jnp.floor(jnp.log2(s)))
+    if last_scale is None:
+        return s
+    return jnp.where(jnp.isfinite(amax), s, jnp.asarray(last_scale, jnp.float32))
 
 
-def updated_fp8_meta(cfg: FP8Config, amax_history, scale, amaxes):
-    """New (amax_history, scale) after a step whose (input, kernel, grad) amaxes are `amaxes`
-    [3]: recorded in row 0, then the delayed-scaling update (on the device, batched per format)."""
+def counted_skips(skipped, amaxes):
+    """`skipped` [3] plus one for each of the step's amaxes [3] that is NaN or infinite (None
+    stays None: no state, nothing counted)."""
+    if skipped is None:
+        return None
+    return skipped + (~jnp.isfinite(amaxes)).astype(skipped.dtype)
+
+
+def updated_fp8_meta(cfg: FP8Config, amax_history, scale, amaxes, skipped=None):
+    """New (amax_history, scale, skipped) after a step whose (input, kernel, grad) amaxes are
+    `amaxes` [3]: recorded in row 0, then the delayed-scaling update (on the device, batched per
+    format), which leaves a tensor with a non-finite amax alone and counts it in `skipped`
+    (None when the op keeps no count)."""
     from .primitives.cast import delayed_scaling_update
     hist = amax_history.at[0].set(amaxes.astype(jnp.float32))
     fwd_h, fwd_s, _ = delayed_scaling_update(hist[:, :GRAD], scale[:GRAD], cfg.fwd_max,
                                              cfg.amax_compute_algo, cfg.margin)
     bwd_h, bwd_s, _ = delayed_scaling_update(hist[:, GRAD:], scale[GRAD:], cfg.bwd_max,
                                              cfg.amax_compute_algo, cfg.margin)
-    return jnp.concatenate([fwd_h, bwd_h], axis=1), jnp.concatenate([fwd_s, bwd_s])
+    return (jnp.concatenate([fwd_h, bwd_h], axis=1), jnp.concatenate([fwd_s, bwd_s]),
+            counted_skips(skipped, amaxes))
 
 
 def update_fp8_metas(tree):

@@ -100,11 +100,9 @@ def layernorm_dense(x, kernel, gamma, beta=None, bias=None, layernorm_type="laye
         ``gamma`` is stored as ``gamma - 1``: the output is scaled by ``1 + gamma``.
     epsilon : float, default 1e-6
         Added to the variance (or mean square) before the square root.
-    fp8_meta : tuple of (jax.Array, jax.Array), optional
-        ``(amax_history [history_len, 3], scale [3])`` of the input, kernel and output gradient
-        for delayed scaling under :func:`fp8_autocast` (the Flax modules keep them in the
-        ``FP8_COLLECTION`` variables). Ignored outside FP8 and under current scaling; required
-        for delayed scaling.
+    fp8_meta : tuple of jax.Array, optional
+        ``(amax_history, scale[, skipped_updates])``: the GEMM's FP8 state (see :func:`dense`);
+        required under delayed scaling, optional under current scaling, ignored outside FP8.
     """
     h = layernorm(x, gamma, beta, layernorm_type, zero_centered_gamma, epsilon)
     return dense(h, kernel, bias, fp8_meta)

@@ -11,9 +11,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from .. import fp8 as fp8_mod
+from ...common import config
 from ..dense import dense, fused_gelu_mlp
 from ..layernorm_mlp import activation as _activation, activation_name, layernorm
 from ..sharding import with_sharding_constraint
+from ..skipped_updates import SKIPPED_SUFFIX, warn_in_step
 
 Initializer = Callable[..., Any]
 
@@ -28,14 +30,16 @@ def _canon(axis, ndim):
 
 
 class _FP8Metas(nn.Module):
-    """Mixin: the (amax_history, scale) of one dense op, created only under delayed scaling."""
+    """Mixin: the FP8 state of one dense op (see transformer_engine.jax.fp8), created under FP8."""
 
     def fp8_meta(self, name: str):
-        """The ``(amax_history, scale)`` FP8 variables of one dense op, or None.
+        """The ``(amax_history, scale, skipped_updates)`` FP8 variables of one dense op, or None.
 
-        They are created in the ``FP8_COLLECTION`` collection only under delayed scaling; outside
-        FP8
-        and under current scaling there is no state and the result is None.
+        Under delayed scaling all three are variables of the ``FP8_COLLECTION`` collection. Under
+        current scaling ``amax_history`` is None and the other two are made at ``init``; applied
+        without them the op casts statelessly (a non-finite amax then casts with scale 1 and is
+        not counted). Outside FP8 the result is None. Variables made before the skip count
+        existed are used as they are, with ``skipped_updates`` None.
 
         Parameters
         ----------
@@ -43,13 +47,30 @@ class _FP8Metas(nn.Module):
             Prefix of the variables' names (e.g. ``'kernel'``).
         """
         cfg = fp8_mod.current_fp8_config()
-        if cfg is None or not cfg.delayed:
+        if cfg is None:
             return None
-        length = fp8_mod.get_fp8_recipe().amax_history_len
-        hist0, scale0 = fp8_mod.init_fp8_meta(length)
-        hist = self.variable(fp8_mod.FP8_COLLECTION, f"{name}_amax_history", lambda: hist0)
-        scale = self.variable(fp8_mod.FP8_COLLECTION, f"{name}_scale", lambda: scale0)
-        return hist.value, scale.value
+        col = fp8_mod.FP8_COLLECTION
+        hist = None
+        if cfg.delayed:
+            hist0, _, _ = fp8_mod.init_fp8_meta(fp8_mod.get_fp8_recipe().amax_history_len)
+            hist = self.variable(col, f"{name}_amax_history", lambda: hist0).value
+        elif not self._can_hold(f"{name}_scale"):
+            return None
+        scale = self.variable(col, f"{name}_scale",
+                              lambda: jnp.ones((fp8_mod.NUM_META,), jnp.float32)).value
+        skipped = None
+        if self._can_hold(f"{name}{SKIPPED_SUFFIX}"):
+            skipped = self.variable(col, f"{name}{SKIPPED_SUFFIX}",
+                                    fp8_mod.init_skipped_updates).value
+            if config.jax_warn_skipped_updates_in_step() and not self.is_initializing():
+                path = "/".join(tuple(self.scope.path) + (name,))
+                warn_in_step(path, type(fp8_mod.get_fp8_recipe()).__name__, skipped)
+        return hist, scale, skipped
+
+    def _can_hold(self, var: str) -> bool:
+        """Whether the FP8 variable `var` exists or may be made now (at init)."""
+        col = fp8_mod.FP8_COLLECTION
+        return self.has_variable(col, var) or self.is_mutable_collection(col)
 
 
 def _data_parallel(x):
@@ -64,8 +85,10 @@ class DenseGeneral(_FP8Metas):
     XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on the CPU
     (emulated, the same numerics). FP8 is
     used when the token count and both GEMM sizes are multiples of 16. Under
-    :func:`transformer_engine.jax.fp8_autocast` with delayed scaling the module creates FP8
-    variables (amax history and scales) in the ``FP8_COLLECTION`` collection.
+    :func:`transformer_engine.jax.fp8_autocast` the module creates FP8 variables in the
+    ``FP8_COLLECTION`` collection: the amax history (delayed scaling), the scales and the count
+    of updates skipped for a NaN or infinite amax (read it with
+    :func:`transformer_engine.jax.fp8_skipped_updates`).
 
     Parameters
     ----------
@@ -240,9 +263,11 @@ class LayerNormDenseGeneral(_FP8Metas):
     """A norm followed by a dense layer: ``dense(norm(x))``, FP8 under ``fp8_autocast``.
 
     FP8 runs through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on
-    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` with
-    delayed scaling the module creates FP8 variables (amax history and scales) in the
-    ``FP8_COLLECTION`` collection. ``__call__`` returns ``(output, norm_output or None)``.
+    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` the
+    module creates FP8 variables in the ``FP8_COLLECTION`` collection: the amax history (delayed
+    scaling), the scales and the count of updates skipped for a NaN or infinite amax (read it
+    with :func:`transformer_engine.jax.fp8_skipped_updates`). ``__call__`` returns
+    ``(output, norm_output or None)``.
 
     Parameters
     ----------
@@ -364,9 +389,11 @@ class LayerNormMLP(_FP8Metas):
     """A norm and a two-layer MLP, ``wo(dropout(act(wi(norm(x)))))``; FP8 under ``fp8_autocast``.
 
     FP8 runs through XLA FFI custom calls on NVIDIA sm_89+ and AMD gfx942/gfx950 and as jnp code on
-    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` with
-    delayed scaling the module creates FP8 variables (amax history and scales) in the
-    ``FP8_COLLECTION`` collection. ``__call__`` returns ``(output, norm_output or None)``.
+    the CPU (emulated, the same numerics). Under :func:`transformer_engine.jax.fp8_autocast` the
+    module creates FP8 variables in the ``FP8_COLLECTION`` collection: the amax history (delayed
+    scaling), the scales and the count of updates skipped for a NaN or infinite amax (read it
+    with :func:`transformer_engine.jax.fp8_skipped_updates`). ``__call__`` returns
+    ``(output, norm_output or None)``.
 
     Parameters
     ----------
