@@ -225,7 +225,7 @@ def test_recipe_defaults_and_fields(monkeypatch):
     (dict(fp8_format=recipe.Format.E5M2), ValueError, "E5M2"),
     (dict(fp8_gemm_dgrad=recipe.MMParams(use_split_accumulator=False)), ValueError, "fp8_gemm_dgrad"),
     (dict(fp8_dpa=True), NotImplementedError, "fp8_dpa"),
-    (dict(backward_override="high_precision"), NotImplementedError, "backward_override"),
+    (dict(backward_override="fast"), ValueError, "backward_override='fast'"),
     (dict(fp8_quant_fwd_inp=recipe.QParams(amax_epsilon=1e-3)), NotImplementedError, "amax_epsilon"),
 ])
 def test_recipe_rejects(kwargs, error, match):
@@ -305,5 +305,5 @@ def test_module_refusals():
     with te.fp8_autocast(enabled=True, fp8_recipe=recipe.Float8BlockScaling()):
         with pytest.raises(ValueError, match="Linear: FP8 GEMMs need"):
             te.Linear(40, 64)(torch.randn(16, 40))
-        with pytest.raises(NotImplementedError, match="GroupedLinear: Float8BlockScaling is supported by"):
-            te.GroupedLinear(2, 64, 64)(torch.randn(32, 64), [16, 16])
+        with pytest.raises(ValueError, match="GroupedLinear: FP8 GEMMs need"):
+            te.GroupedLinear(2, 40, 64)(torch.randn(32, 40), [16, 16])

@@ -83,8 +83,9 @@ def test_recipe_fields_current_legacy_and_misspelt():
     for field in ("fp8_dpa", "fp8_mha"):
         with pytest.raises(NotImplementedError, match=f"DelayedScaling: {field}=True"):
             recipe.DelayedScaling(**{field: True})
-    with pytest.raises(NotImplementedError, match="backward_override='high_precision' is not implemented"):
-        recipe.Float8CurrentScaling(backward_override="high_precision")
+    assert recipe.Float8CurrentScaling(backward_override="high_precision").backward_override == "high_precision"
+    with pytest.raises(ValueError, match="DelayedScaling: backward_override='dequantized'"):
+        recipe.DelayedScaling(backward_override="dequantized")
     with pytest.raises(ValueError, match="backward_override='fast'"):
         recipe.Float8CurrentScaling(backward_override="fast")
     with pytest.raises(NotImplementedError, match="fp8_gemm_fprop"):
@@ -93,8 +94,8 @@ def test_recipe_fields_current_legacy_and_misspelt():
 
 def test_recipe_field_set_after_construction_is_checked_at_autocast():
     r = recipe.Float8CurrentScaling()
-    r.backward_override = "dequantized"
-    with pytest.raises(NotImplementedError, match="backward_override='dequantized'"):
+    r.backward_override = "fast"
+    with pytest.raises(ValueError, match="backward_override='fast'"):
         with te.autocast(recipe=r):
             pass
 

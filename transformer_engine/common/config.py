@@ -109,3 +109,10 @@ def fp8_block_scaling_fp32_scales() -> bool:
     """NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1: Float8BlockScaling's default scales are any fp32
     value instead of powers of two."""
     return bool(_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", False))
+
+
+def backward_override_default():
+    """NVTE_BACKWARD_OVERRIDE: the default backward_override of Float8CurrentScaling and
+    Float8BlockScaling (unset: None). The recipe validates the value."""
+    value = os.environ.get("NVTE_BACKWARD_OVERRIDE")
+    return value if value else None

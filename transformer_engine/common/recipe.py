@@ -12,7 +12,7 @@ import functools
 import warnings
 from typing import Callable, Optional, Union
 
-from . import fp8_formats
+from . import config, fp8_formats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,20 +191,28 @@ _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
 
 def _check_common(recipe, name: str) -> None:
-    """Checks of the fields every recipe has: FP8 attention and the backward override are not
-    implemented, so only their off values are accepted."""
+    """Checks of the fields every recipe has: FP8 attention is not implemented, so only its off
+    values are accepted; backward_override is one of the three values, and None under delayed
+    scaling (its backward has no high-precision operands to fall back to: the amax history
+    drives every cast)."""
     if not isinstance(recipe.fp8_format, Format):
         raise TypeError(f"{name}: fp8_format must be a recipe.Format, got {recipe.fp8_format!r}")
     for field in ("fp8_dpa", "fp8_mha"):
         if getattr(recipe, field):
             raise NotImplementedError(f"{name}: {field}=True (FP8 attention) is not implemented; "
                                       f"use {field}=False")
+    _check_backward_override(recipe, name)
+
+
+def _check_backward_override(recipe, name: str) -> None:
+    """ValueError for a backward_override that is not None, 'high_precision' or 'dequantized',
+    or that is not None under DelayedScaling."""
     if recipe.backward_override not in _BACKWARD_OVERRIDES:
         raise ValueError(f"{name}: backward_override={recipe.backward_override!r}; expected one of "
                          f"{_BACKWARD_OVERRIDES}")
-    if recipe.backward_override is not None:
-        raise NotImplementedError(f"{name}: backward_override={recipe.backward_override!r} is not "
-                                  "implemented; only None (FP8 backward GEMMs) is")
+    if recipe.backward_override is not None and isinstance(recipe, DelayedScaling):
+        raise ValueError(f"{name}: backward_override={recipe.backward_override!r}; DelayedScaling "
+                         "supports only None")
 
 
 _AMAX_ALGOS = ("max", "most_recent")
@@ -247,11 +255,9 @@ class DelayedScaling(Recipe):
         accepted; the attention's GEMMs run in the activation dtype.
     fp8_mha : bool, default False
         As ``fp8_dpa``: only False is accepted.
-    backward_override : {None, 'high_precision', 'dequantized'}, default None
-        How the backward GEMMs run: None in FP8, like the forward (the only value implemented;
-        the others raise NotImplementedError). ``'high_precision'`` would run them on the
-        unquantized forward inputs, ``'dequantized'`` on the dequantized FP8 copies the forward
-        used; any other value raises ValueError.
+    backward_override : None, default None
+        Only None: the backward GEMMs run in FP8 (delayed scaling casts every tensor with the
+        scale of its amax history); any other value raises ValueError.
     """
     margin: int = 0
     fp8_format: Format = Format.HYBRID
@@ -309,11 +315,12 @@ class Float8CurrentScaling(Recipe):
         accepted; the attention's GEMMs run in the activation dtype.
     fp8_mha : bool, default False
         As ``fp8_dpa``: only False is accepted.
-    backward_override : {None, 'high_precision', 'dequantized'}, default None
-        How the backward GEMMs run: None in FP8, like the forward (the only value implemented;
-        the others raise NotImplementedError). ``'high_precision'`` would run them on the
-        unquantized forward inputs, ``'dequantized'`` on the dequantized FP8 copies the forward
-        used; any other value raises ValueError.
+    backward_override : {None, 'high_precision', 'dequantized'}, default from NVTE_BACKWARD_OVERRIDE
+        How the backward GEMMs run: None in FP8, like the forward; ``'high_precision'`` in the
+        activation dtype on the unquantized forward operands (input and weight);
+        ``'dequantized'`` in the activation dtype on the forward's FP8 operands, dequantized
+        (the output gradient is not quantized in either). Linear, LayerNormLinear, LayerNormMLP
+        and GroupedLinear; any other value raises ValueError.
     """
     use_power_2_scales: bool = False
     fp8_format: Format = Format.HYBRID
@@ -322,7 +329,7 @@ class Float8CurrentScaling(Recipe):
     fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
     fp8_dpa: bool = False
     fp8_mha: bool = False
-    backward_override: Optional[str] = None
+    backward_override: Optional[str] = dataclasses.field(default_factory=config.backward_override_default)
 
     def __post_init__(self):
         _check_common(self, "Float8CurrentScaling")
@@ -449,9 +456,10 @@ class Float8BlockScaling(Recipe):
         FP8 attention is not implemented: only False is accepted.
     fp8_mha : bool, default False
         As ``fp8_dpa``: only False is accepted.
-    backward_override : None, default None
-        Only ``None`` (the backward GEMMs quantized like the forward) is implemented; other values
-        raise NotImplementedError.
+    backward_override : {None, 'high_precision', 'dequantized'}, default from NVTE_BACKWARD_OVERRIDE
+        As for :class:`Float8CurrentScaling`: None quantizes the backward GEMMs' operands in
+        blocks like the forward's; the other two run the backward GEMMs in the activation dtype
+        on the unquantized or on the dequantized forward operands.
     """
     use_f32_scales: Optional[bool] = None
     fp8_format: Format = Format.E4M3
@@ -466,13 +474,11 @@ class Float8BlockScaling(Recipe):
     fp8_gemm_wgrad: MMParams = MMParams()
     fp8_dpa: bool = False
     fp8_mha: bool = False
-    backward_override: Optional[str] = None
+    backward_override: Optional[str] = dataclasses.field(default_factory=config.backward_override_default)
 
     def __post_init__(self):
         who = "Float8BlockScaling"
-        if self.backward_override is not None:
-            raise NotImplementedError(f"{who}: backward_override={self.backward_override!r}; only "
-                                      "None (FP8 backward GEMMs) is supported")
+        _check_backward_override(self, who)
         if self.use_f32_scales is None:
             from .config import fp8_block_scaling_fp32_scales
             self.use_f32_scales = fp8_block_scaling_fp32_scales()

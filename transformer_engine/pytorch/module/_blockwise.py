@@ -1,14 +1,23 @@
-"""Linear, LayerNormLinear and LayerNormMLP under the Float8BlockScaling recipe.
+"""Linear, LayerNormLinear, LayerNormMLP and GroupedLinear for the recipes whose GEMMs are
+sequenced here rather than by the modules' fused paths: Float8BlockScaling, and any recipe with a
+``backward_override`` (Float8CurrentScaling or Float8BlockScaling).
 
-Each GEMM operand is quantised in blocks along its reduction dimension, from its own values at
-every call (no FP8 state in the module):
+Float8BlockScaling quantises each GEMM operand in blocks along its reduction dimension, from its
+own values at every call (no FP8 state in the module):
     fprop  y  = x @ W.T    A = W   (w_block_scaling_dim),    B = x  (x_block_scaling_dim)
     dgrad  dx = dy @ W     A = W.T (the weight's transposed copy), B = dy (grad_block_scaling_dim)
     wgrad  dW = dy.T @ x   A = x.T (the input's transposed copy),  B = dy.T
 The transposed copies are quantised from the high-precision tensor along their own rows (not
-transposed FP8 bytes), so every GEMM sees blocks along its k. The norm and the activation are
-the modules' differentiable high-precision ops; only the GEMMs run in FP8 (kernels/blockwise.py:
-native on Hopper, the dequantise-then-matmul reference elsewhere).
+transposed FP8 bytes), so every GEMM sees blocks along its k.
+
+backward_override keeps the forward GEMM in FP8 (blocks, or one current-scaling scale per
+tensor) and runs dgrad and wgrad in the activation dtype, dy unquantised, on the forward's
+operands: the unquantised ones ('high_precision', saved as they are) or the FP8 ones the forward
+multiplied, dequantised ('dequantized', saved in FP8).
+
+The norm and the activation are the modules' differentiable high-precision ops; only the GEMMs
+are handled here (kernels/blockwise.py and kernels/gemm.py: native on the GPU, the reference
+elsewhere).
 """
 from __future__ import annotations
 
@@ -19,17 +28,23 @@ from .. import native
 from ..kernels import blockwise as B
 from ..kernels.activation import CLAMPED_SWIGLU, apply_activation, apply_clamped_swiglu
 from ..kernels.normalization import layernorm, rmsnorm
-from ..quantization import FP8GlobalState
+from ..kernels.cast import quantize
+from ..kernels.gemm import general_gemm
+from ..quantization import FP8GlobalState, scale_from_amax
 from ._norm import param_for
 from .base import hp_weight
 
 
 def active():
-    """The block-scaling recipe when an FP8 autocast with it is on, else None."""
+    """The recipe when an FP8 autocast is on whose GEMMs this file sequences (Float8BlockScaling,
+    or a backward_override), else None."""
     s = FP8GlobalState
-    if not s.enabled or s.recipe is None or not s.recipe.float8_block_scaling():
+    r = s.recipe
+    if not s.enabled or r is None:
         return None
-    return s.recipe
+    if r.float8_block_scaling() or getattr(r, "backward_override", None) is not None:
+        return r
+    return None
 
 
 def _fp8_dtypes(recipe, device):
@@ -39,12 +54,18 @@ def _fp8_dtypes(recipe, device):
             getattr(torch, fp8_formats.fp8_dtype_name(fmt.bwd, flavor)))
 
 
-def _check_supported(who: str, module, tokens: int, in_features: int, out_features: int):
+def _what(recipe) -> str:
+    if recipe.float8_block_scaling() and recipe.backward_override is None:
+        return "Float8BlockScaling"
+    return f"{type(recipe).__name__}(backward_override={recipe.backward_override!r})"
+
+
+def _check_supported(who: str, module, recipe, tokens: int, in_features: int, out_features: int):
     if getattr(module, "tp_size", 1) > 1:
-        raise NotImplementedError(f"{who}: Float8BlockScaling with tensor parallelism "
+        raise NotImplementedError(f"{who}: {_what(recipe)} with tensor parallelism "
                                   f"(tp_size={module.tp_size}) is not supported")
     if getattr(module, "fuse_wgrad_accumulation", False) or getattr(module, "delay_wgrad_compute", False):
-        raise NotImplementedError(f"{who}: Float8BlockScaling does not support "
+        raise NotImplementedError(f"{who}: {_what(recipe)} does not support "
                                   "fuse_wgrad_accumulation or delay_wgrad_compute")
     if tokens % 16 or in_features % 16 or out_features % 16:
         raise ValueError(f"{who}: FP8 GEMMs need the token count ({tokens}), in_features "
@@ -57,11 +78,17 @@ class _BlockLinearFn(torch.autograd.Function):
         fwd, bwd = _fp8_dtypes(recipe, x2d.device)
         w = hp_weight(weight, dtype)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
+        override = recipe.backward_override
+        # transposed copies only for FP8 backward GEMMs
         xq, xq_t = B.quantize_blockwise(x2d, fwd, recipe.x_block_scaling_dim,
-                                        recipe.fp8_quant_fwd_inp.power_2_scale, need_wgrad)
+                                        recipe.fp8_quant_fwd_inp.power_2_scale,
+                                        need_wgrad and override is None)
         wq, wq_t = B.quantize_blockwise(w, fwd, recipe.w_block_scaling_dim,
-                                        recipe.fp8_quant_fwd_weight.power_2_scale, need_dgrad)
+                                        recipe.fp8_quant_fwd_weight.power_2_scale,
+                                        need_dgrad and override is None)
         y = B.gemm_blockwise(wq, xq, dtype, bias)
+        if override is not None:
+            ctx.override = _Operands(override, x2d, w, xq, wq, need_dgrad, need_wgrad, dtype)
         ctx.saved = (xq_t, wq_t)
         ctx.recipe, ctx.dtype, ctx.bwd = recipe, dtype, bwd
         ctx.need = (need_dgrad, need_wgrad, bias is not None and bias.requires_grad)
@@ -75,6 +102,10 @@ class _BlockLinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad, need_db = ctx.need
         recipe = ctx.recipe
         dy = dy.to(ctx.dtype).contiguous()
+        if recipe.backward_override is not None:
+            dx, dw = ctx.override.grads(dy, B.dequantize_blockwise)
+            db = dy.float().sum(0).to(ctx.bias_dtype) if need_db else None
+            return dx, dw, db, None, None
         dyq, dyq_t = B.quantize_blockwise(dy, ctx.bwd, recipe.grad_block_scaling_dim,
                                           recipe.fp8_quant_bwd_grad.power_2_scale, need_wgrad)
         dx = B.gemm_blockwise(wq_t, dyq, ctx.dtype) if need_dgrad else None
@@ -83,15 +114,80 @@ class _BlockLinearFn(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+class _Operands:
+    """The forward operands a backward_override backward multiplies: x [tokens, in] and
+    W [out, in] as they were ('high_precision') or their FP8 forms ('dequantized'), kept only
+    where a gradient needs them (dgrad needs W, wgrad needs x)."""
+
+    def __init__(self, mode, x, w, xq, wq, need_dgrad, need_wgrad, dtype):
+        keep_x, keep_w = (x, w) if mode == "high_precision" else (xq, wq)
+        self.mode, self.dtype = mode, dtype
+        self.x = keep_x if need_wgrad else None
+        self.w = keep_w if need_dgrad else None
+
+    def grads(self, dy, dequantize):
+        """(dx, dW) in the activation dtype from dy [tokens, out] (None where not needed)."""
+        def hp(t):
+            return t if self.mode == "high_precision" else dequantize(t, self.dtype)
+        dx = dy @ hp(self.w) if self.w is not None else None
+        dw = dy.t() @ hp(self.x) if self.x is not None else None
+        self.x = self.w = None
+        return dx, dw
+
+
+class _CurrentOverrideLinearFn(torch.autograd.Function):
+    """y = x @ W.T (+ bias) with Float8CurrentScaling's forward GEMM (one scale per tensor, from
+    its amax) and a backward_override backward."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, recipe, dtype):
+        fwd, _ = _fp8_dtypes(recipe, x2d.device)
+        w = hp_weight(weight, dtype)
+        need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
+        xq = _current_quantized(x2d, fwd)
+        wq = _current_quantized(w, fwd)
+        y = general_gemm(wq[0], xq[0], dtype, layout="TN", A_scale_inv=wq[1], B_scale_inv=xq[1],
+                         bias=bias).out
+        ctx.override = _Operands(recipe.backward_override, x2d, w, xq, wq, need_dgrad, need_wgrad,
+                                 dtype)
+        ctx.need_db = bias is not None and bias.requires_grad
+        ctx.dtype, ctx.bias_dtype = dtype, bias.dtype if bias is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dy = dy.to(ctx.dtype).contiguous()
+        dx, dw = ctx.override.grads(dy, _current_dequantized)
+        db = dy.float().sum(0).to(ctx.bias_dtype) if ctx.need_db else None
+        return dx, dw, db, None, None
+
+
+def _current_quantized(t, fp8_dtype):
+    """(FP8 data, scale_inv) of t with one scale from its amax (current scaling)."""
+    amax = t.abs().amax().float().reshape(1) if t.numel() else torch.zeros(1, device=t.device)
+    fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
+    fp8_max = torch.full((1,), fp8_formats.fp8_max(fmt, flavor), device=t.device)
+    return quantize(t, scale_from_amax(amax, fp8_max, False).contiguous(), fp8_dtype)
+
+
+def _current_dequantized(q, dtype):
+    data, scale_inv = q
+    return (data.float() * scale_inv).to(dtype)
+
+
 def linear(who: str, module, recipe, inp, weight, bias, dtype):
     """inp @ weight.T (+ bias) with block-scaled FP8 GEMMs; inp [..., in_features]."""
     out_features, in_features = weight.shape
     x2d = inp.reshape(-1, in_features)
     x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
-    _check_supported(who, module, x2d.shape[0], in_features, out_features)
+    _check_supported(who, module, recipe, x2d.shape[0], in_features, out_features)
     if bias is not None:
         bias = bias if bias.dtype == dtype else bias.to(dtype)
-    y = _BlockLinearFn.apply(x2d, weight, bias, recipe, dtype)
+    if x2d.shape[0] == 0:  # no tokens: nothing to quantize; zero gradients for the weights
+        return torch.nn.functional.linear(x2d, hp_weight(weight, dtype), bias).view(
+            *inp.shape[:-1], out_features)
+    fn = _BlockLinearFn if recipe.float8_block_scaling() else _CurrentOverrideLinearFn
+    y = fn.apply(x2d, weight, bias, recipe, dtype)
     return y.view(*inp.shape[:-1], out_features)
 
 

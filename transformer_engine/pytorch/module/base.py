@@ -128,7 +128,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
             if s.recipe.float8_block_scaling():
                 raise NotImplementedError(
                     f"{type(self).__name__}: Float8BlockScaling is supported by Linear, "
-                    "LayerNormLinear and LayerNormMLP only")
+                    "LayerNormLinear, LayerNormMLP and GroupedLinear only")
             q.require_fp8_support(device, type(self).__name__)
             if s.recipe.delayed() and torch.compiler.is_compiling():
                 raise NotImplementedError(

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
-from . import _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 from ._nv_options import check_off
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
@@ -363,11 +363,20 @@ class GroupedLinear(TransformerEngineBaseModule):
         rows = inp.numel() // self.in_features
         splits = _check_splits(m_splits, self.num_gemms, rows)
         dtype = self.activation_dtype(inp)
-        fi = self.fp8_call_info(inp.device)
         biases = self._biases()
         gemm_biases = biases if not self.return_bias else []
-        out = _GroupedLinearFn.apply(inp, splits, self, fi, dtype, is_first_microbatch,
-                                     *self._weights(), *gemm_biases)
+        recipe = _blockwise.active()
+        if recipe is not None:  # Float8BlockScaling or a backward_override: see _blockwise.py
+            parts = inp.reshape(rows, self.in_features).split(list(splits))
+            ws = self._weights()
+            out = torch.cat([_blockwise.linear(_NAME, self, recipe, x, w,
+                                               gemm_biases[i] if gemm_biases else None, dtype)
+                             for i, (x, w) in enumerate(zip(parts, ws))])
+            out = out.view(*inp.shape[:-1], self.out_features)
+        else:
+            fi = self.fp8_call_info(inp.device)
+            out = _GroupedLinearFn.apply(inp, splits, self, fi, dtype, is_first_microbatch,
+                                         *self._weights(), *gemm_biases)
         if self.return_bias:
             return out, [b.to(out.dtype) for b in biases]
         return out
