@@ -147,3 +147,27 @@ def test_deferred_init_under_fp8_model_init():
     assert isinstance(m.weight, te.Float8Tensor) and isinstance(m.weight, torch.nn.Parameter)
     assert 0.01 < float(m.weight.dequantize().std()) < 0.04  # the default init, std 0.023
     assert m(randn((16, 64), torch.float32, "cpu")).shape == (16, 48)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", ["Linear", "LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("fp8_recipe", ["delayed", "current"])
+def test_inference_mode_makes_no_weight_transpose(device, module, fp8_recipe):
+    """Under torch.inference_mode no backward follows: FP8 weights keep no transposed copy, and
+    the output equals the one computed under no_grad."""
+    r = recipe.DelayedScaling() if fp8_recipe == "delayed" else recipe.Float8CurrentScaling()
+    build = {"Linear": lambda: te.Linear(64, 64, device=device),
+             "LayerNormLinear": lambda: te.LayerNormLinear(64, 64, device=device),
+             "LayerNormMLP": lambda: te.LayerNormMLP(64, 64, device=device)}[module]
+    with torch.no_grad(), te.quantized_model_init(enabled=True, recipe=r):
+        m = build()
+    x = randn((32, 64), torch.float32, device, seed=4)
+    with torch.inference_mode(), te.autocast(recipe=r):
+        y = m(x)
+    fp8_weights = [p for p in m.parameters() if isinstance(p, te.Float8Tensor)]
+    assert fp8_weights and all(p._transpose is None and p._transpose_invalid for p in fp8_weights)
+    with torch.no_grad(), te.autocast(recipe=r):
+        y_ref = m(x)
+    # (delayed scaling: the second call casts with the scale the first one's amax updated)
+    torch.testing.assert_close(y, y_ref, **(dict(rtol=0, atol=0) if fp8_recipe == "current"
+                                            else tols(torch.float8_e4m3fn)))

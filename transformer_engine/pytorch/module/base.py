@@ -142,7 +142,10 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 # and creating module state inside the graph would be a side effect
                 return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
                                    None, None, None)
-            rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
+            # the state outlives this call: made as normal tensors even under inference_mode,
+            # so that a later training step can update it in place
+            with torch.inference_mode(False):
+                rs = self._fp8_state = q.recipe_state_for(rs, s.recipe, device, *self.fp8_slots)
             rs.owner = type(self).__name__
             if self._pending_fp8_extra_state is not None:
                 rs.load_dict(self._pending_fp8_extra_state)

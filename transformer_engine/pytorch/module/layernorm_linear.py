@@ -28,8 +28,12 @@ class _LayerNormLinearFn(torch.autograd.Function):
         x2d = inp.reshape(-1, in_features)
         x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
         g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
-        need_wgrad = weight.requires_grad
-        need_dgrad = inp.requires_grad or ln_weight.requires_grad or (ln_bias is not None and ln_bias.requires_grad)
+        # under inference_mode no backward can follow (parameters still say requires_grad;
+        # a traced graph cannot ask, and keeps what a backward needs)
+        training = torch.compiler.is_compiling() or not torch.is_inference_mode_enabled()
+        need_wgrad = training and weight.requires_grad
+        need_dgrad = training and (inp.requires_grad or ln_weight.requires_grad
+                                   or (ln_bias is not None and ln_bias.requires_grad))
         tp = module.norm_tp()
         tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0

@@ -89,7 +89,9 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
-    w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
+    # FC2's transposed weight serves the backward's FC2 dgrad, which any backward runs
+    w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, any(need.values()),
+                                            is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
@@ -173,8 +175,11 @@ class _LayerNormMLPFn(torch.autograd.Function):
         x2d = (x2d if x2d.dtype == dtype else x2d.to(dtype)).contiguous()
         residual = x2d if add_input else None
         g, b = param_for(ln_weight, x2d), param_for(ln_bias, x2d)
-        need = {"w1": w1.requires_grad, "w2": w2.requires_grad,
-                "dgrad": inp.requires_grad or ln_weight.requires_grad}
+        # under inference_mode no backward can follow (parameters still say requires_grad;
+        # a traced graph cannot ask, and keeps what a backward needs)
+        training = torch.compiler.is_compiling() or not torch.is_inference_mode_enabled()
+        need = {"w1": training and w1.requires_grad, "w2": training and w2.requires_grad,
+                "dgrad": training and (inp.requires_grad or ln_weight.requires_grad)}
         tp = module.norm_tp()
         tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0

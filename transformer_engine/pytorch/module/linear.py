@@ -30,7 +30,10 @@ class _LinearFn(torch.autograd.Function):
         if x2d.dtype != dtype:
             x2d = x2d.to(dtype)
         x2d = x2d.contiguous()
-        need_dgrad, need_wgrad = inp.requires_grad, weight.requires_grad
+        # under inference_mode no backward can follow (the weight still says requires_grad;
+        # a traced graph cannot ask, and keeps what a backward needs)
+        training = torch.compiler.is_compiling() or not torch.is_inference_mode_enabled()
+        need_dgrad, need_wgrad = inp.requires_grad, training and weight.requires_grad
         tokens = x2d.shape[0]
         fp8 = fi.fp8 and tokens > 0
         ctx.has_bias_grad = bias is not None and bias.requires_grad
