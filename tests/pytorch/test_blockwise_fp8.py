@@ -1,6 +1,7 @@
 """Float8BlockScaling: the block-wise quantiser (native vs reference bit for bit, and the reference
 vs an independent per-block model), the block-scaled GEMM vs dequantise-then-matmul, the recipe's
 fields, and Linear / LayerNormLinear / LayerNormMLP under the recipe vs high precision."""
+import copy
 import math
 
 import pytest
@@ -307,3 +308,70 @@ def test_module_refusals():
             te.Linear(40, 64)(torch.randn(16, 40))
         with pytest.raises(ValueError, match="GroupedLinear: FP8 GEMMs need"):
             te.GroupedLinear(2, 40, 64)(torch.randn(32, 40), [16, 16])
+
+
+# ----- FP8 weights in 128x128 tiles (quantized_model_init under Float8BlockScaling) -----------
+
+def test_weight_tiles_bit_exact():
+    """Float8BlockwiseQTensor holds the tile quantization of the value and of its transpose,
+    each equal bit for bit to the reference quantizer's."""
+    w = randn((200, 136), torch.float32, "cpu", seed=11, scale=0.05)
+    t = te.Float8BlockwiseQTensor.quantize_tiles(w, torch.float8_e4m3fn, torch.float32)
+    q, q_t = B.quantize_blockwise_reference(w, torch.float8_e4m3fn, 2, True, True)
+    rows, cols = t.blocks()
+    for got, want in ((rows, q), (cols, q_t)):
+        assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+        assert torch.equal(got.scale_inv, want.scale_inv)
+    torch.testing.assert_close(t.dequantize(), B.dequantize_blockwise(q), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", ["Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear"])
+def test_fp8_weights_match_high_precision_weights(device, module):
+    """A module built under quantized_model_init(Float8BlockScaling) trains like one holding the
+    dequantized weights in high precision, under the same recipe; an optimizer step re-quantizes
+    the tiles; the weights stay tiles through deepcopy and .to()."""
+    r = recipe.Float8BlockScaling()
+    build = {"Linear": lambda: te.Linear(256, 128, device=device),
+             "LayerNormLinear": lambda: te.LayerNormLinear(256, 128, device=device),
+             "LayerNormMLP": lambda: te.LayerNormMLP(256, 384, device=device),
+             "GroupedLinear": lambda: te.GroupedLinear(2, 256, 128, device=device)}[module]
+    torch.manual_seed(0)
+    with te.quantized_model_init(recipe=r):
+        fp8 = build()
+    hp = build()
+    with torch.no_grad():
+        for p, q in zip(hp.parameters(), fp8.parameters()):
+            p.copy_(q.dequantize() if isinstance(q, te.QuantizedTensor) else q)
+    tiles = [n for n, p in fp8.named_parameters() if isinstance(p, te.Float8BlockwiseQTensor)]
+    assert tiles and all("weight" in n for n in tiles)
+    x = randn((64, 256), torch.float32, device, seed=12)
+    outs = []
+    for m in (fp8, hp):
+        xi = x.clone().requires_grad_(True)
+        with te.autocast(recipe=r):
+            y = m(xi, [32, 32]) if module == "GroupedLinear" else m(xi)
+        y.backward(torch.ones_like(y))
+        outs.append((y.detach(), xi.grad))
+    fp8_tol = tols(torch.float8_e4m3fn)
+    torch.testing.assert_close(outs[0][0], outs[1][0], **fp8_tol)
+    torch.testing.assert_close(outs[0][1], outs[1][1], **fp8_tol)
+    w = getattr(fp8, tiles[0])
+    before = w.dequantize().clone()
+    torch.optim.SGD(fp8.parameters(), lr=0.5).step()
+    w = getattr(fp8, tiles[0])
+    assert isinstance(w, te.Float8BlockwiseQTensor) and not torch.equal(w.dequantize(), before)
+    rows, cols = w.blocks()
+    # the transposed tiles follow the update
+    torch.testing.assert_close(B.dequantize_blockwise(cols).t(), w.dequantize(torch.float32), **fp8_tol)
+    assert isinstance(getattr(copy.deepcopy(fp8).to(torch.float32), tiles[0]), te.Float8BlockwiseQTensor)
+
+
+def test_fp8_tile_weights_refused_under_per_tensor_recipes():
+    with te.quantized_model_init(recipe=recipe.Float8BlockScaling()):
+        m = te.Linear(128, 128, device="cpu")
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        with pytest.raises(NotImplementedError, match="Linear: weights quantized in 128x128 tiles"):
+            m(torch.randn(16, 128))
+    y = m(torch.randn(16, 128))  # outside FP8: the dequantized weights
+    assert y.shape == (16, 128)

@@ -114,14 +114,13 @@ def test_block_scaled_recipes_exist_and_are_refused_when_used(cls):
     assert not isinstance(te.Linear(16, 16, device="cpu").weight, te.QuantizedTensor)
 
 
-def test_block_scaling_recipe_is_accepted_by_autocast_not_by_quantized_model_init():
+def test_block_scaling_recipe_is_accepted_by_autocast_and_quantized_model_init():
     r = recipe.Float8BlockScaling()
     assert r.float8_block_scaling() and not r.mxfp8() and not r.nvfp4()
     with te.autocast(recipe=r):
         pass
-    with pytest.raises(NotImplementedError, match="quantized_model_init: FP8 weights under Float8BlockScaling"):
-        with te.quantized_model_init(recipe=r):
-            pass
+    with te.quantized_model_init(recipe=r):
+        assert isinstance(te.Linear(128, 128, device="cpu").weight, te.Float8BlockwiseQTensor)
     assert not isinstance(te.Linear(16, 16, device="cpu").weight, te.QuantizedTensor)
 
 

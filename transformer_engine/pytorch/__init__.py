@@ -13,8 +13,8 @@ from .quantization import (  # noqa: F401
 from .device_info import get_device_compute_capability, is_bf16_available  # noqa: F401
 from .constants import DType  # noqa: F401
 from .tensor import (  # noqa: F401
-    Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, MXFP8Quantizer, MXFP8Tensor,
-    QuantizedTensor, Quantizer)
+    Float8BlockwiseQTensor, Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor,
+    MXFP8Quantizer, MXFP8Tensor, QuantizedTensor, Quantizer)
 from . import constants, cpp_extensions, float8_tensor, fp8, tensor, utils  # noqa: F401  (NV TE's module paths)
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm  # noqa: F401
 from .attention import (  # noqa: F401

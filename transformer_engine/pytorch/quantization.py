@@ -264,10 +264,10 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     calibrating : bool, default False
         With ``enabled=False``, record the amaxes of the tensors the modules would cast (to
         initialise FP8 scales from a high-precision run) while computing in high precision.
-    recipe : DelayedScaling or Float8CurrentScaling, optional
+    recipe : DelayedScaling, Float8CurrentScaling or Float8BlockScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
-        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8 and NVFP4 recipes raise NotImplementedError here, as does
+        DelayedScaling with a ``scaling_factor_compute_algo``.
     amax_reduction_group : torch.distributed.ProcessGroup, optional
         With delayed scaling and ``recipe.reduce_amax``, amaxes are reduced (maximum) over this
         group before the scales are updated, so that all ranks use the same scales.
@@ -329,9 +329,11 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
     ----------
     enabled : bool, default True
         Whether weights created inside are stored in FP8.
-    recipe : DelayedScaling or Float8CurrentScaling, optional
+    recipe : DelayedScaling, Float8CurrentScaling or Float8BlockScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
+        the HYBRID format). Under Float8BlockScaling the weights are
+        :class:`Float8BlockwiseQTensor` (128x128 tiles, kept row-wise and transposed) and the
+        model runs under that recipe or outside FP8. The MXFP8 and NVFP4 recipes raise
         NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
     preserve_high_precision_init_val : bool, default False
         Also keep each FP8 weight's initial high-precision value, on the CPU:
@@ -341,11 +343,6 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
     """
     s = FP8GlobalState
     checked = _check_recipe(recipe, "quantized_model_init") if enabled else None  # before any change
-    if checked is not None and checked.float8_block_scaling():
-        raise NotImplementedError(
-            "quantized_model_init: FP8 weights under Float8BlockScaling (128x128-blocked parameters) "
-            "are not implemented; create the model in high precision and train it under "
-            "autocast(recipe=Float8BlockScaling())")
     saved = (s.model_init, s.model_init_recipe, s.model_init_keep_hp)
     s.model_init = bool(enabled)
     s.model_init_recipe = checked
@@ -365,12 +362,12 @@ def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
     ----------
     enabled : bool, default True
         Whether weights created inside are stored in FP8.
-    recipe : DelayedScaling or Float8CurrentScaling, optional
+    recipe : DelayedScaling, Float8CurrentScaling or Float8BlockScaling, optional
         How tensors are scaled into FP8 (default :func:`get_default_recipe`: delayed scaling with
-        the HYBRID format). The MXFP8, Float8BlockScaling and NVFP4 recipes raise
-        NotImplementedError here, as does DelayedScaling with a ``scaling_factor_compute_algo``.
+        the HYBRID format). The MXFP8 and NVFP4 recipes raise NotImplementedError here, as does
+        DelayedScaling with a ``scaling_factor_compute_algo``.
     preserve_high_precision_init_val : bool, default False
-        Accepted for compatibility; the high-precision initial values are not kept.
+        As for :func:`quantized_model_init`.
     """
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
@@ -391,6 +388,14 @@ def _flavor(device: torch.device) -> str:
     if flavor is None:
         flavor = _FLAVOR_BY_DEVICE[key] = native.capability(device).fp8_flavor or fp8_formats.OCP
     return flavor
+
+
+def recipe_fp8_dtypes(recipe, device: torch.device) -> tuple:
+    """(forward, backward) torch FP8 dtypes of a recipe's format in the device's encoding."""
+    flavor = _flavor(device)
+    fmt = recipe.fp8_format.value
+    return (getattr(torch, fp8_formats.fp8_dtype_name(fmt.fwd, flavor)),
+            getattr(torch, fp8_formats.fp8_dtype_name(fmt.bwd, flavor)))
 
 
 def _recipe_key(recipe) -> tuple:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import torch
 
 from ...common import fp8_formats
-from .. import native
 from ..kernels import blockwise as B
 from ..kernels.activation import CLAMPED_SWIGLU, apply_activation, apply_clamped_swiglu
 from ..kernels.normalization import layernorm, rmsnorm
 from ..kernels.cast import quantize
 from ..kernels.gemm import general_gemm
-from ..quantization import FP8GlobalState, scale_from_amax
+from ..quantization import FP8GlobalState, recipe_fp8_dtypes, scale_from_amax
+from ..tensor import Float8BlockwiseQTensor
 from ._norm import param_for
 from .base import hp_weight
 
@@ -45,13 +45,6 @@ def active():
     if r.float8_block_scaling() or getattr(r, "backward_override", None) is not None:
         return r
     return None
-
-
-def _fp8_dtypes(recipe, device):
-    flavor = (native.capability(device).fp8_flavor if device.type == "cuda" else None) or fp8_formats.OCP
-    fmt = recipe.fp8_format.value
-    return (getattr(torch, fp8_formats.fp8_dtype_name(fmt.fwd, flavor)),
-            getattr(torch, fp8_formats.fp8_dtype_name(fmt.bwd, flavor)))
 
 
 def _what(recipe) -> str:
@@ -75,17 +68,21 @@ def _check_supported(who: str, module, recipe, tokens: int, in_features: int, ou
 class _BlockLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, recipe, dtype):
-        fwd, bwd = _fp8_dtypes(recipe, x2d.device)
-        w = hp_weight(weight, dtype)
+        fwd, bwd = recipe_fp8_dtypes(recipe, x2d.device)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
         override = recipe.backward_override
         # transposed copies only for FP8 backward GEMMs
         xq, xq_t = B.quantize_blockwise(x2d, fwd, recipe.x_block_scaling_dim,
                                         recipe.fp8_quant_fwd_inp.power_2_scale,
                                         need_wgrad and override is None)
-        wq, wq_t = B.quantize_blockwise(w, fwd, recipe.w_block_scaling_dim,
-                                        recipe.fp8_quant_fwd_weight.power_2_scale,
-                                        need_dgrad and override is None)
+        if _stored_tiles(weight, recipe, fwd):  # an FP8 weight (quantized_model_init)
+            wq, wq_t = weight.blocks()
+            w = weight.dequantize(dtype) if override is not None else None
+        else:
+            w = hp_weight(weight, dtype)
+            wq, wq_t = B.quantize_blockwise(w, fwd, recipe.w_block_scaling_dim,
+                                            recipe.fp8_quant_fwd_weight.power_2_scale,
+                                            need_dgrad and override is None)
         y = B.gemm_blockwise(wq, xq, dtype, bias)
         if override is not None:
             ctx.override = _Operands(override, x2d, w, xq, wq, need_dgrad, need_wgrad, dtype)
@@ -112,6 +109,13 @@ class _BlockLinearFn(torch.autograd.Function):
         dw = B.gemm_blockwise(xq_t, dyq_t, ctx.dtype) if need_wgrad else None
         db = dy.float().sum(0).to(ctx.bias_dtype) if need_db else None
         return dx, dw, db, None, None
+
+
+def _stored_tiles(weight, recipe, fp8_dtype) -> bool:
+    """Whether the weight's own tiles are the forward operand: a Float8BlockwiseQTensor of the
+    recipe's weight blocks (128x128) and FP8 dtype."""
+    return (isinstance(weight, Float8BlockwiseQTensor) and recipe.float8_block_scaling()
+            and recipe.w_block_scaling_dim == 2 and weight._data.dtype == fp8_dtype)
 
 
 class _Operands:
@@ -141,7 +145,7 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, weight, bias, recipe, dtype):
-        fwd, _ = _fp8_dtypes(recipe, x2d.device)
+        fwd, _ = recipe_fp8_dtypes(recipe, x2d.device)
         w = hp_weight(weight, dtype)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
         xq = _current_quantized(x2d, fwd)

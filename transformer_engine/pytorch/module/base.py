@@ -11,7 +11,7 @@ import torch
 from ._input_check import call_checked
 from .. import quantization as q
 from ..quantization import FP8GlobalState
-from ..tensor import Float8Tensor
+from ..tensor import Float8BlockwiseQTensor, Float8Tensor
 from ._wgrad import DelayedWeightGrad
 
 
@@ -142,6 +142,11 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 # and creating module state inside the graph would be a side effect
                 return FP8CallInfo(s.enabled, False, q.RecipeState(s.recipe, device, 0, 0, False),
                                    None, None, None)
+            if any(isinstance(p, Float8BlockwiseQTensor) for p in self.parameters()):
+                raise NotImplementedError(
+                    f"{type(self).__name__}: weights quantized in 128x128 tiles (quantized_model_init "
+                    f"under Float8BlockScaling) run under Float8BlockScaling or outside FP8; "
+                    f"the active recipe is {type(s.recipe).__name__}")
             # the state outlives this call: made as normal tensors even under inference_mode,
             # so that a later training step can update it in place
             with torch.inference_mode(False):
@@ -226,6 +231,10 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
 
     def _to_fp8_weight(self, w: torch.Tensor) -> Float8Tensor:
         recipe = self._model_init_recipe or q.get_default_recipe()
+        if recipe.float8_block_scaling():
+            return Float8BlockwiseQTensor.quantize_tiles(
+                w, q.recipe_fp8_dtypes(recipe, w.device)[0], w.dtype,
+                recipe.fp8_quant_fwd_weight.power_2_scale)
         rs = q.RecipeState(recipe, w.device, 1, 0)
         return Float8Tensor.quantize(w, rs.fwd_dtype, w.dtype)
 

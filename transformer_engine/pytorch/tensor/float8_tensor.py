@@ -174,6 +174,19 @@ class Float8Tensor(QuantizedTensor):
             self._transpose_cache = transpose(self._data)
         return self._transpose_cache
 
+    def _map_storage(self, fn, dtype: torch.dtype) -> "Float8Tensor":
+        """A tensor of this type whose storage tensors are fn(each of ours), nominal dtype
+        `dtype`, sharing the quantizer (detach, clone and .to() are this with fn identity,
+        clone and .to(device))."""
+        out = Float8Tensor(fn(self._data), fn(self._scale_inv), dtype)
+        out._quantizer = self._quantizer
+        return out
+
+    def _copy_storage_from(self, src: "Float8Tensor") -> None:
+        self._data.copy_(src._data)
+        self._scale_inv.copy_(src._scale_inv)
+        self._transpose_cache = None
+
     def _requantize_from(self, value: torch.Tensor) -> None:
         data, scale_inv = _quantize_current(value.to(self.dtype), self._data.dtype)
         self._data.copy_(data)
@@ -192,28 +205,23 @@ class Float8Tensor(QuantizedTensor):
         kwargs = kwargs or {}
         if func in (aten.detach.default, aten.alias.default):
             src = args[0]
-            out = Float8Tensor(src._data, src._scale_inv, src.dtype)
-            out._transpose_cache, out._quantizer = src._transpose_cache, src._quantizer
+            out = src._map_storage(lambda t: t, src.dtype)
+            out._transpose_cache = src._transpose_cache
             return copy_user_attributes(src, out)
         if func is aten.clone.default and isinstance(args[0], Float8Tensor):
             src = args[0]
-            out = Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
-            out._quantizer = src._quantizer
-            return copy_user_attributes(src, out)
+            return copy_user_attributes(src, src._map_storage(torch.clone, src.dtype))
         if func is aten._to_copy.default and isinstance(args[0], Float8Tensor):
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype
             device = kwargs.get("device") or src.device
             if dtype in (torch.float32, torch.float16, torch.bfloat16):
-                out = Float8Tensor(src._data.to(device), src._scale_inv.to(device), dtype)
-                out._quantizer = src._quantizer
+                out = src._map_storage(lambda t: t.to(device), dtype)
                 return copy_user_attributes(src, out)
         if func is aten.copy_.default and isinstance(args[0], Float8Tensor):
             dst, src = args[0], args[1]
-            if isinstance(src, Float8Tensor) and src._data.dtype == dst._data.dtype:
-                dst._data.copy_(src._data)
-                dst._scale_inv.copy_(src._scale_inv)
-                dst._transpose_cache = None
+            if type(src) is type(dst) and src._data.dtype == dst._data.dtype:
+                dst._copy_storage_from(src)
             else:
                 dst._requantize_from(src.dequantize() if isinstance(src, Float8Tensor) else src)
             return dst

@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 
 # Attributes a quantized tensor keeps about its own storage: never copied as user attributes.
-_STORAGE_ATTRS = frozenset({"_data", "_scale_inv", "_transpose_cache", "_quantizer", "_is_param"})
+_STORAGE_ATTRS = frozenset({"_data", "_scale_inv", "_transpose_cache", "_quantizer", "_is_param",
+                            "_columnwise", "_pow2_scales"})
 
 
 class QuantizedTensor(torch.Tensor):
