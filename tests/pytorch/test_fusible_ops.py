@@ -279,6 +279,10 @@ def test_quantize_feeds_linear(device, recipe):
     assert (y.float() - ref).norm() / ref.norm() < 0.1
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert torch.equal(ops.Quantize()(x), x)  # no FP8 autocast: the identity
+    with autocast(recipe):
+        xq = ops.Quantize()(x)
+    assert isinstance(xq, te.Float8Tensor)
+    torch.testing.assert_close(xq.dequantize(dtype), x.detach(), **tols(torch.float8_e4m3fn))
 
 
 @pytest.mark.parametrize("device", DEVICES)

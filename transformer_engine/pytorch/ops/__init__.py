@@ -6,7 +6,7 @@ fused implementation (a GEMM with its bias, a norm with the GEMM after it) run a
 """
 from .basic import *  # noqa: F401,F403
 from .linear import Linear  # noqa: F401
-from .op import BasicOperation, FusedOperation, FusibleOperation, OperationContext  # noqa: F401
+from .op import BasicOperation, FusedOperation, FusibleOperation  # noqa: F401
 from .sequential import Sequential  # noqa: F401
 from .registration import (  # noqa: F401
     register_backward_fusion, register_forward_backward_fusion, register_forward_fusion)

@@ -59,6 +59,9 @@ class FusibleOperation(torch.nn.Module):
     num_extra_inputs: int = 0
     num_extra_outputs: int = 0
 
+    def __init__(self) -> None:
+        super().__init__()
+
     @property
     def is_fused_op(self) -> bool:
         """Whether this is a :class:`FusedOperation`."""
