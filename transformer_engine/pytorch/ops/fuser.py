@@ -8,6 +8,7 @@ import torch
 
 from ._autograd import SingleOp, run_group
 from ..tensor import QuantizedTensor
+from . import op as _op
 from .op import PREFIX, BasicOperation, FusibleOperation, op_name
 
 _HP = (torch.float32, torch.float16, torch.bfloat16)
@@ -79,3 +80,6 @@ class OperationFuser:
         if extra_outputs:
             return (x,) + tuple(extra_outputs)
         return x
+
+
+_op.RUN_ALONE = OperationFuser

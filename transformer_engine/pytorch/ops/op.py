@@ -19,6 +19,10 @@ from .. import quantization as q
 
 PREFIX = "transformer_engine.pytorch.ops"
 
+# The fuser class that runs an operation called alone. fuser.py sets it when imported (the
+# package imports it first), so this module does not import the fuser, which imports it.
+RUN_ALONE = None
+
 
 def op_name(op) -> str:
     """The public name of an operation, for error messages."""
@@ -87,8 +91,7 @@ class FusibleOperation(torch.nn.Module):
         torch.Tensor or tuple of torch.Tensor
             The output, followed by the extra outputs when there are any.
         """
-        from .fuser import OperationFuser
-        return OperationFuser([self])(input, *extra_inputs)
+        return RUN_ALONE([self])(input, *extra_inputs)
 
 
 class BasicOperation(FusibleOperation):
