@@ -193,6 +193,11 @@ class FusedOperation(FusibleOperation):
         return list(self.basic_ops)
 
     @property
+    def ops(self) -> List[BasicOperation]:
+        """The basic operations (the group protocol of _autograd.py)."""
+        return list(self.basic_ops)
+
+    @property
     def num_extra_inputs(self) -> int:  # type: ignore[override]
         return sum(op.num_extra_inputs for op in self.basic_ops)
 

@@ -29,10 +29,6 @@ class LinearBias(FusedOperation):
             return 2
         return 0
 
-    @property
-    def ops(self):
-        return list(self.basic_ops)
-
     def forward(self, ctxs, x, extra_inputs):  # the group protocol (_autograd.py)
         linear, bias = self.basic_ops
         ctxs[1].fp8 = None

@@ -31,10 +31,6 @@ class NormLinear(FusedOperation):
             return 3
         return 2
 
-    @property
-    def ops(self):
-        return list(self.basic_ops)
-
     def forward(self, ctxs, x, extra_inputs):  # the group protocol (_autograd.py)
         norm, linear = self.basic_ops[0], self.basic_ops[1]
         bias = self.basic_ops[2].bias if len(self.basic_ops) == 3 else None
