@@ -11,7 +11,7 @@ from transformer_engine.common import recipe as te_recipe
 from utils import DEVICES, randn, stable_seed, tols
 
 ops = te.ops
-HP_DTYPES = [torch.float32, torch.bfloat16]
+HP_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def _randomize(module, seed):
@@ -324,6 +324,39 @@ def test_torch_autocast_dtype(device):
     torch.testing.assert_close(y, ref.to(torch.bfloat16), **tols(torch.bfloat16))
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and lin.weight.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequential_mixes_torch_modules(device):
+    seed = stable_seed("mixed")
+    lin1 = _randomize(ops.Linear(19, 24, device=device), seed)
+    lin2 = _randomize(ops.BasicLinear(24, 7, device=device), seed + 10)
+    model = ops.Sequential(lin1, torch.nn.Tanh(), lin2, ops.ConstantScale(3.0))
+    assert len(model) == 4 and model[1].__class__ is torch.nn.Tanh
+    x = randn((2, 5, 19), torch.float32, device, seed=seed)
+    ref = 3.0 * F.linear(torch.tanh(F.linear(x, lin1.weight, lin1.bias)), lin2.weight)
+    torch.testing.assert_close(model(x), ref, **tols(torch.float32))
+    model.append(ops.AddExtraInput())
+    with _raises(ValueError, "Sequential", "extra input"):
+        model(x)
+    with _raises(ValueError, "Sequential", "extra input"):
+        model(x, x, x)
+    r = randn((2, 5, 7), torch.float32, device, seed=seed + 1)
+    torch.testing.assert_close(model(x, r), ref + r, **tols(torch.float32))
+
+
+def test_meta_device_then_to_empty():
+    model = ops.Sequential(ops.LayerNorm(16, device="meta"), ops.Linear(16, 8, device="meta"))
+    assert all(p.device.type == "meta" for p in model.parameters())
+    model.to_empty(device="cpu")
+    for op in (model[0], model[1].basic_ops[0], model[1].basic_ops[1]):
+        op.reset_parameters()
+    assert torch.equal(model[0].weight, torch.ones(16)) and torch.equal(model[1].bias, torch.zeros(8))
+    w = model[1].weight
+    assert w.abs().max() <= 1 / 4 and w.abs().max() > 0  # Kaiming uniform: bound 1/sqrt(16)
+    x = randn((3, 16), torch.float32, "cpu", seed=1)
+    torch.testing.assert_close(model(x), F.linear(F.layer_norm(x, (16,)), w),
+                               **tols(torch.float32))
 
 
 def test_state_dict_keys_follow_the_api():

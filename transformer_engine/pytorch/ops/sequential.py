@@ -116,8 +116,13 @@ class Sequential(torch.nn.Module):
             The output, followed by the extra outputs (:class:`MakeExtraOutput`) when there
             are any.
         """
+        groups = self._module_groups()
+        wanted = sum(g.num_extra_inputs for g in groups if isinstance(g, OperationFuser))
+        if len(extra_inputs) != wanted:
+            raise ValueError(f"{PREFIX}.Sequential: {len(extra_inputs)} extra input(s) given; its "
+                             f"operations take {wanted}")
         x, remaining, extra_outputs = input, list(extra_inputs), []
-        for group in self._module_groups():
+        for group in groups:
             if isinstance(group, OperationFuser):
                 n = group.num_extra_inputs
                 mine, remaining = remaining[:n], remaining[n:]
@@ -129,7 +134,4 @@ class Sequential(torch.nn.Module):
                     x = out
             else:
                 x = group(x)
-        if remaining:
-            raise ValueError(f"{PREFIX}.Sequential: {len(extra_inputs)} extra input(s) given; "
-                             f"its operations take {len(extra_inputs) - len(remaining)}")
         return (x,) + tuple(extra_outputs) if extra_outputs else x

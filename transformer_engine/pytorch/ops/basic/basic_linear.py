@@ -113,11 +113,11 @@ class BasicLinear(BasicOperation):
 
     def reset_parameters(self) -> None:
         """Initialise the weight as ``torch.nn.Linear`` does (Kaiming uniform), under the
-        tensor-parallel RNG tracker when one was given."""
+        tensor-parallel RNG tracker when one was given. A weight on the meta device is left
+        as it is (materialise it with ``to_empty`` first)."""
         w = self.weight
-        if w.device.type == "meta":
-            w = torch.nn.Parameter(torch.empty_like(w, device=default_device(None)))
-            self.weight = w
+        if w.device.type == "meta":  # deferred: model.to_empty(device=...) first
+            return
 
         def init():
             with torch.no_grad():

@@ -44,6 +44,8 @@ class _Norm(BasicOperation):
 
     def reset_parameters(self) -> None:
         """Weight ones (zeros with ``zero_centered_gamma``), bias zeros."""
+        if self.weight.device.type == "meta":  # deferred: model.to_empty(device=...) first
+            return
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if not self.rms:
