@@ -286,6 +286,36 @@ def test_quantize_feeds_linear(device, recipe):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+def test_quantized_model_init_weights(device, recipe):
+    """Weights kept only in FP8: the GEMMs use the stored FP8 data (the high-precision run uses
+    its dequantised value), and the weight still gets its gradient."""
+    dtype = torch.bfloat16
+    seed = stable_seed("fp8_weights", recipe)
+    with te.quantized_model_init(preserve_high_precision_init_val=True):
+        op = ops.Linear(48, 32, device=device, dtype=dtype)
+    w = op.weight
+    assert isinstance(w, te.Float8Tensor) and w.dtype == dtype
+    hp = w.get_high_precision_init_val()
+    torch.testing.assert_close(w.dequantize(torch.float32), hp.float().to(device),
+                               **tols(torch.float8_e4m3fn))
+    x = randn((16, 48), dtype, device, seed=seed).requires_grad_(True)
+    dy = randn((16, 32), dtype, device, seed=seed + 1)
+    with autocast(recipe):
+        y = op(x)
+    y.backward(dy)
+    w_hp = w.dequantize(dtype).float()  # the value the high-precision GEMM reads
+    ref = F.linear(x.detach().float(), w_hp, op.bias.detach().float())
+    if recipe == "none":  # the dequantised weight, exactly
+        torch.testing.assert_close(y, ref.to(dtype), **tols(dtype))
+        torch.testing.assert_close(w.grad, (dy.float().T @ x.detach().float()).to(dtype), **tols(dtype))
+    else:
+        assert (y.float() - ref).norm() <= 2.0 ** -4 * ref.norm()
+        assert w.grad is not None and w.grad.shape == w.shape and torch.isfinite(w.grad).all()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ["none", "current"])
 def test_accumulate_into_main_grad(device, recipe):
     dtype = torch.bfloat16
@@ -343,6 +373,15 @@ def test_sequential_mixes_torch_modules(device):
         model(x, x, x)
     r = randn((2, 5, 7), torch.float32, device, seed=seed + 1)
     torch.testing.assert_close(model(x, r), ref + r, **tols(torch.float32))
+    scale = model.pop(3)
+    assert isinstance(scale, ops.ConstantScale) and len(model) == 4
+    torch.testing.assert_close(model(x, r), ref / 3.0 + r, **tols(torch.float32))
+    model.insert(0, ops.Identity())
+    del model[-1]
+    model[2] = torch.nn.Sigmoid()
+    assert [k for k, _ in model.named_children()] == ["0", "1", "2", "3"]
+    ref2 = F.linear(torch.sigmoid(F.linear(x, lin1.weight, lin1.bias)), lin2.weight)
+    torch.testing.assert_close(model(x), ref2, **tols(torch.float32))
 
 
 def test_meta_device_then_to_empty():
@@ -454,6 +493,3 @@ def test_fp8_refusals():
     with _raises(NotImplementedError, "BasicLinear", "Float8BlockScaling"):
         with te.fp8_autocast(fp8_recipe=te_recipe.Float8BlockScaling()):
             ops.Linear(32, 16, device="cpu", dtype=torch.bfloat16)(torch.randn(16, 32, dtype=torch.bfloat16))
-    with pytest.raises(NotImplementedError, match="quantized_model_init"):
-        with te.quantized_model_init():
-            ops.BasicLinear(16, 16, device="cpu")

@@ -71,6 +71,50 @@ class Sequential(torch.nn.Module):
             self.append(m)
         return self
 
+    def insert(self, index: int, module: torch.nn.Module) -> "Sequential":
+        """Insert a module before position ``index``.
+
+        Parameters
+        ----------
+        index : int
+            The position (negative counts from the end).
+        module : torch.nn.Module
+            The module.
+        """
+        modules = list(self._modules.values())
+        modules.insert(index, module)
+        self._renumber(modules)
+        return self
+
+    def pop(self, index: int) -> torch.nn.Module:
+        """Remove and return the module at position ``index``.
+
+        Parameters
+        ----------
+        index : int
+            The position (negative counts from the end).
+        """
+        modules = list(self._modules.values())
+        module = modules.pop(index)
+        self._renumber(modules)
+        return module
+
+    def __setitem__(self, index: int, module: torch.nn.Module) -> None:
+        modules = list(self._modules.values())
+        modules[index] = module
+        self._renumber(modules)
+
+    def __delitem__(self, index) -> None:
+        modules = list(self._modules.values())
+        del modules[index]
+        self._renumber(modules)
+
+    def _renumber(self, modules) -> None:
+        for key in list(self._modules):
+            del self._modules[key]
+        for module in modules:
+            self.append(module)
+
     def __len__(self) -> int:
         return len(self._modules)
 

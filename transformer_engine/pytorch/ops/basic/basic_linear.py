@@ -8,6 +8,7 @@ import torch
 
 from ... import distributed as dist_te
 from ... import kernels
+from ... import quantization as q
 from ...quantization import FP8GlobalState
 from ...tensor import Float8Tensor
 from .._fp8 import cast, fp8_call
@@ -36,7 +37,9 @@ class BasicLinear(BasicOperation):
     ``te.autocast`` with DelayedScaling or Float8CurrentScaling (the input, the weight and the
     output gradient are cast with this operation's scales; token count, ``in_features`` and
     ``out_features`` must then be multiples of 16). Followed by :class:`Bias`, the bias is added
-    in the GEMM epilogue and its gradient comes out of the weight-gradient GEMM.
+    in the GEMM epilogue and its gradient comes out of the weight-gradient GEMM. Created under
+    ``te.quantized_model_init``, the weight is kept only in FP8 (a :class:`Float8Tensor`), which
+    the FP8 GEMMs read as it is stored.
 
     Parameters
     ----------
@@ -89,10 +92,10 @@ class BasicLinear(BasicOperation):
         if userbuffers_options is not None:
             raise NotImplementedError(f"{PREFIX}.{who}: userbuffers_options (communication "
                                       "overlap with Userbuffers) is not supported")
-        if FP8GlobalState.model_init:
-            raise NotImplementedError(f"{PREFIX}.{who}: FP8 weights (quantized_model_init) are "
-                                      "not supported by the fusible operations; create the "
-                                      "operation outside quantized_model_init")
+        # quantized_model_init: the weight is kept only in FP8 (a Float8Tensor)
+        self._quantized_weight = FP8GlobalState.model_init
+        self._weight_recipe = FP8GlobalState.model_init_recipe
+        self._keep_hp_init_val = FP8GlobalState.model_init_keep_hp
         self.tensor_parallel_mode = tensor_parallel_mode
         self.sequence_parallel = bool(sequence_parallel)
         group, size = _tp_world(tensor_parallel_group) if tensor_parallel_mode else (None, 1)
@@ -119,6 +122,9 @@ class BasicLinear(BasicOperation):
         if w.device.type == "meta":  # deferred: model.to_empty(device=...) first
             return
 
+        if isinstance(w, Float8Tensor):  # re-initialising an FP8 weight: a new high-precision one
+            w = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+
         def init():
             with torch.no_grad():
                 torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
@@ -127,6 +133,16 @@ class BasicLinear(BasicOperation):
                 init()
         else:
             init()
+        if self._quantized_weight:
+            self.weight = torch.nn.Parameter(self._to_fp8_weight(w.detach()))
+
+    def _to_fp8_weight(self, w: torch.Tensor) -> Float8Tensor:
+        recipe = self._weight_recipe or q.get_default_recipe()
+        fp8_dtype = q.RecipeState(recipe, w.device, 1, 0, allocate=False).fwd_dtype
+        wq = Float8Tensor.quantize(w, fp8_dtype, w.dtype)
+        if self._keep_hp_init_val:
+            wq._high_precision_init_val = w.detach().to("cpu", copy=True)
+        return wq
 
     # -- tensor parallelism around the group
     def _tp_active(self) -> bool:
@@ -160,7 +176,7 @@ class BasicLinear(BasicOperation):
         bias = None if bias is None else param_as(bias, dtype)
         if fp8 is None:
             x = high_precision(x, dtype)
-            w = param_as(self.weight, dtype)
+            w = self._weight_in(dtype)
             ctx.save_for_backward(x, w)
             return kernels.general_gemm(w, x, layout="TN", bias=bias).out
         tokens = math.prod(x.shape[:-1])
@@ -176,11 +192,20 @@ class BasicLinear(BasicOperation):
             xq_t = kernels.transpose(xq) if need_t else None
         else:
             xq, xq_t, x_sinv = cast(rs, high_precision(x, dtype).reshape(tokens, k), True, 0, need_t)
-        wq, wq_t, w_sinv = cast(rs, param_as(self.weight, dtype).contiguous(), True, 1, need_t)
+        weight = self.weight
+        if isinstance(weight, Float8Tensor):  # an FP8 weight is used as it is stored
+            wq, w_sinv = weight._data, weight._scale_inv
+            wq_t = weight.transpose_fp8() if need_t else None
+        else:
+            wq, wq_t, w_sinv = cast(rs, param_as(weight, dtype).contiguous(), True, 1, need_t)
         ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
         y = kernels.general_gemm(wq, xq, dtype, layout="TN", A_scale_inv=w_sinv,
                                  B_scale_inv=x_sinv, bias=bias).out
         return y.reshape(ctx.out_shape)
+
+    def _weight_in(self, dtype):
+        w = self.weight
+        return w.dequantize(dtype) if isinstance(w, Float8Tensor) else param_as(w, dtype)
 
     def _wgrad_target(self):
         """(out buffer, accumulate) of the weight gradient."""
