@@ -349,7 +349,8 @@ def test_quantized_model_init_weights(device, recipe):
     ref = F.linear(x.detach().float(), w_hp, op.bias.detach().float())
     if recipe == "none":  # the dequantised weight, exactly
         torch.testing.assert_close(y, ref.to(dtype), **tols(dtype))
-        torch.testing.assert_close(w.grad, (dy.float().T @ x.detach().float()).to(dtype), **tols(dtype))
+        dw = dy.float().T @ x.detach().float()
+        torch.testing.assert_close(w.grad, dw.to(dtype), **tols(dtype))
     else:
         assert (y.float() - ref).norm() <= 2.0 ** -4 * ref.norm()
         assert w.grad is not None and w.grad.shape == w.shape and torch.isfinite(w.grad).all()
@@ -361,7 +362,8 @@ def test_quantized_model_init_weights(device, recipe):
 def test_accumulate_into_main_grad(device, recipe):
     dtype = torch.bfloat16
     seed = stable_seed("main_grad", recipe)
-    op = _randomize(ops.Linear(48, 32, device=device, dtype=dtype, accumulate_into_main_grad=True), seed)
+    op = _randomize(ops.Linear(48, 32, device=device, dtype=dtype,
+                               accumulate_into_main_grad=True), seed)
     ref_op = _randomize(ops.Linear(48, 32, device=device, dtype=dtype), seed)
     start = randn(op.weight.shape, torch.float32, device, seed=seed + 5)
     op.weight.main_grad = start.clone()
@@ -382,7 +384,8 @@ def test_accumulate_into_main_grad(device, recipe):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_autocast_dtype(device):
-    op = _randomize(ops.Sequential(ops.LayerNorm(37, device=device), ops.Linear(37, 23, device=device)), 4)
+    op = _randomize(ops.Sequential(ops.LayerNorm(37, device=device),
+                                   ops.Linear(37, 23, device=device)), 4)
     x = randn((5, 37), torch.float32, device, seed=4).requires_grad_(True)
     with torch.autocast(device, dtype=torch.bfloat16):
         y = op(x)
@@ -431,7 +434,8 @@ def test_meta_device_then_to_empty():
     model.to_empty(device="cpu")
     for op in (model[0], model[1].basic_ops[0], model[1].basic_ops[1]):
         op.reset_parameters()
-    assert torch.equal(model[0].weight, torch.ones(16)) and torch.equal(model[1].bias, torch.zeros(8))
+    assert torch.equal(model[0].weight, torch.ones(16))
+    assert torch.equal(model[1].bias, torch.zeros(8))
     w = model[1].weight
     assert w.abs().max() <= 1 / 4 and w.abs().max() > 0  # Kaiming uniform: bound 1/sqrt(16)
     x = randn((3, 16), torch.float32, "cpu", seed=1)
@@ -533,4 +537,5 @@ def test_fp8_refusals():
             lin(x)
     with _raises(NotImplementedError, "BasicLinear", "Float8BlockScaling"):
         with te.fp8_autocast(fp8_recipe=te_recipe.Float8BlockScaling()):
-            ops.Linear(32, 16, device="cpu", dtype=torch.bfloat16)(torch.randn(16, 32, dtype=torch.bfloat16))
+            lin32 = ops.Linear(32, 16, device="cpu", dtype=torch.bfloat16)
+            lin32(torch.randn(16, 32, dtype=torch.bfloat16))

@@ -61,7 +61,8 @@ class OperationFuser:
 
     def __call__(self, x: torch.Tensor, *extra_inputs: torch.Tensor):
         who = op_name(self.basic_ops[0]) if self.basic_ops else PREFIX
-        for name, t in [("input", x)] + [(f"extra input {i}", t) for i, t in enumerate(extra_inputs)]:
+        named = [("input", x)] + [(f"extra input {i}", t) for i, t in enumerate(extra_inputs)]
+        for name, t in named:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
             if not isinstance(t, QuantizedTensor) and t.dtype not in _HP:

@@ -116,7 +116,8 @@ class BasicOperation(FusibleOperation):
         return [self]
 
     # -- the group protocol (see _autograd.py)
-    def _forward(self, ctx: OperationContext, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor]):
+    def _forward(self, ctx: OperationContext, x: torch.Tensor,
+                 extra_inputs: Sequence[torch.Tensor]):
         raise NotImplementedError
 
     def _backward(self, ctx: OperationContext, dy: torch.Tensor, grad_extra_outputs):

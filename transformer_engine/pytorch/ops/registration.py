@@ -8,8 +8,8 @@ from .op import PREFIX
 def _refusing(name: str, kind: str):
     def register(op_fusion_func, prepend: bool = False) -> None:
         raise NotImplementedError(f"{PREFIX}.{name}: user-defined fusions are not supported; the "
-                                  "fuser applies its built-in fusions (Linear+Bias, Linear+Bias+GELU, "
-                                  "norm+Linear)")
+                                  "fuser applies its built-in fusions (Linear+Bias, "
+                                  "Linear+Bias+GELU, norm+Linear)")
     register.__name__ = register.__qualname__ = name
     register.__module__ = __name__
     register.__doc__ = f"""Register a {kind} fusion: not supported, raises NotImplementedError.

@@ -71,12 +71,14 @@ def _activation(name: str, kernel: str, formula: str):
                                        "__module__": __name__, "__qualname__": name})
 
 
-GELU = _activation("GELU", "gelu", "GELU (tanh approximation): ``y = x/2 (1 + tanh(0.797 x + 0.036 x^3))``.")
+GELU = _activation("GELU", "gelu",
+                   "GELU (tanh approximation): ``y = x/2 (1 + tanh(0.797 x + 0.036 x^3))``.")
 QGELU = _activation("QGELU", "qgelu", "Quick GELU: ``y = x sigmoid(1.702 x)``.")
 ReLU = _activation("ReLU", "relu", "ReLU: ``y = max(x, 0)``.")
 SReLU = _activation("SReLU", "srelu", "Squared ReLU: ``y = max(x, 0)^2``.")
 SiLU = _activation("SiLU", "silu", "SiLU (swish): ``y = x sigmoid(x)``.")
-GLU = _activation("GLU", "glu", "Gated linear unit: ``y = sigmoid(a) * b`` (a, b: the halves of the last dimension).")
+GLU = _activation("GLU", "glu", "Gated linear unit: ``y = sigmoid(a) * b`` (a, b: the halves of "
+                  "the last dimension).")
 GEGLU = _activation("GEGLU", "geglu", "GELU-gated linear unit: ``y = GELU(a) * b``.")
 QGEGLU = _activation("QGEGLU", "qgeglu", "Quick-GELU-gated linear unit: ``y = QGELU(a) * b``.")
 ReGLU = _activation("ReGLU", "reglu", "ReLU-gated linear unit: ``y = max(a, 0) * b``.")

@@ -102,9 +102,11 @@ class BasicLinear(BasicOperation):
         self.tensor_parallel_group, self.tensor_parallel_size = group, size
         self.local_in_features, self.local_out_features = self.in_features, self.out_features
         if tensor_parallel_mode == "column":
-            self.local_out_features = dist_te.divide(out_features, size, f"{PREFIX}.{who}: out_features")
+            self.local_out_features = dist_te.divide(out_features, size,
+                                                     f"{PREFIX}.{who}: out_features")
         elif tensor_parallel_mode == "row":
-            self.local_in_features = dist_te.divide(in_features, size, f"{PREFIX}.{who}: in_features")
+            self.local_in_features = dist_te.divide(in_features, size,
+                                                    f"{PREFIX}.{who}: in_features")
         self.rng_state_tracker_function = rng_state_tracker_function
         self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
         device = default_device(device)
@@ -191,7 +193,8 @@ class BasicLinear(BasicOperation):
             xq, x_sinv = x._data.reshape(tokens, k), x._scale_inv
             xq_t = kernels.transpose(xq) if need_t else None
         else:
-            xq, xq_t, x_sinv = cast(rs, high_precision(x, dtype).reshape(tokens, k), True, 0, need_t)
+            x2d = high_precision(x, dtype).reshape(tokens, k)
+            xq, xq_t, x_sinv = cast(rs, x2d, True, 0, need_t)
         weight = self.weight
         if isinstance(weight, Float8Tensor):  # an FP8 weight is used as it is stored
             wq, w_sinv = weight._data, weight._scale_inv

@@ -7,7 +7,8 @@ import torch
 
 from ... import kernels
 from ..op import PREFIX, BasicOperation
-from ._common import check_last_dim, default_device, default_dtype, high_precision, param_as, positive_int
+from ._common import (check_last_dim, default_device, default_dtype, high_precision, param_as,
+                      positive_int)
 from .basic_linear import _tp_world
 
 

@@ -54,7 +54,8 @@ class _Norm(BasicOperation):
     def _params(self, dtype):
         # the kernels take weights in the input's dtype or float32
         def conv(p):
-            return (p if p.dtype in (dtype, torch.float32) else p.to(dtype)).reshape(-1).contiguous()
+            p = p if p.dtype in (dtype, torch.float32) else p.to(dtype)
+            return p.reshape(-1).contiguous()
         return conv(self.weight), (None if self.rms else conv(self.bias))
 
     def _check(self, x):
@@ -70,7 +71,7 @@ class _Norm(BasicOperation):
         inner = math.prod(self.normalized_shape)
         x2 = high_precision(x, ctx.dtype).reshape(-1, inner)
         g, b = self._params(ctx.dtype)
-        fp8 = {} if fp8_out is None else dict(fp8_dtype=fp8_out[0], scale=fp8_out[1], amax=fp8_out[2])
+        fp8 = {} if fp8_out is None else dict(zip(("fp8_dtype", "scale", "amax"), fp8_out))
         if self.rms:
             res = kernels.rmsnorm_fwd(x2, g, self.eps, self.zero_centered_gamma, **fp8)
         else:

@@ -22,7 +22,8 @@ class NormLinear(FusedOperation):
 
     @staticmethod
     def match(ops, i: int) -> int:
-        if not (i + 1 < len(ops) and isinstance(ops[i], _Norm) and isinstance(ops[i + 1], BasicLinear)):
+        if not (i + 1 < len(ops) and isinstance(ops[i], _Norm)
+                and isinstance(ops[i + 1], BasicLinear)):
             return 0
         if ops[i + 1]._tp_active():  # the collectives would sit between the norm and the GEMM
             return 0
