@@ -455,6 +455,26 @@ def test_state_dict_keys_follow_the_api():
                      "2._extra_state", "3.basic_ops.0._extra_state", "4._extra_state"]
 
 
+def test_calibration_records_amaxes():
+    """autocast(enabled=False, calibrating=True): high-precision results, and the delayed-scaling
+    scales computed from the recorded amaxes (margin 0: fp8_max / amax)."""
+    seed = stable_seed("calibration")
+    model = _randomize(ops.Sequential(ops.LayerNorm(32, device="cpu"),
+                                      ops.Linear(32, 48, device="cpu"), ops.Quantize()), seed)
+    x = randn((16, 32), torch.float32, "cpu", seed=seed, scale=3.0)
+    with te.fp8_autocast(enabled=False, calibrating=True, fp8_recipe=te_recipe.DelayedScaling()):
+        y = model(x)
+    ln, lin = model[0], model[1]
+    z = F.layer_norm(x, (32,), ln.weight, ln.bias)
+    torch.testing.assert_close(y, F.linear(z, lin.weight, lin.bias), **tols(torch.float32))
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    rs = lin.basic_ops[0]._fp8_state
+    amax = torch.stack([z.detach().abs().max(), lin.weight.detach().abs().max()])
+    torch.testing.assert_close(rs.scale_fwd, rs.fwd_max / amax)
+    assert model[2]._fp8_state is None  # Quantize records nothing while calibrating
+
+
 def test_fp8_state_survives_state_dict():
     seed = stable_seed("fp8_state")
     model = _randomize(ops.Sequential(ops.Linear(32, 48, device="cpu", dtype=torch.bfloat16)), seed)

@@ -15,20 +15,23 @@ from .op import op_name
 class FP8Call(NamedTuple):
     rs: q.RecipeState           # the operation's scales and amax history for this recipe
     step: Optional[object]      # the delayed-scaling step to report the backward to, or None
+    calibrating: bool = False   # high precision, recording amaxes only (autocast calibrating=True)
 
 
 def fp8_call(op, device: torch.device, expect_backward: bool) -> Optional[FP8Call]:
-    """The operation's FP8 state when FP8 autocast is on, else None. Creates or refreshes the
-    state for the autocast's recipe and joins the step's batched delayed-scaling update."""
+    """The operation's FP8 state when FP8 autocast is on (or calibrating), else None. Creates
+    or refreshes the state for the autocast's recipe and joins the step's batched
+    delayed-scaling update."""
     s = FP8GlobalState
-    if not s.enabled:
+    if not s.enabled and not (s.calibrating and s.recipe is not None and s.recipe.delayed()):
         return None
     recipe = s.recipe
-    if recipe.float8_block_scaling():
-        raise NotImplementedError(f"{op_name(op)}: Float8BlockScaling is not supported by the "
-                                  "fusible operations; use DelayedScaling or Float8CurrentScaling "
-                                  "(or te.Linear, which runs Float8BlockScaling)")
-    q.require_fp8_support(device, op_name(op))
+    if s.enabled:  # (calibrating runs high-precision maths: no FP8 needed on the device)
+        if recipe.float8_block_scaling():
+            raise NotImplementedError(f"{op_name(op)}: Float8BlockScaling is not supported by "
+                                      "the fusible operations; use DelayedScaling or "
+                                      "Float8CurrentScaling (or te.Linear, which runs it)")
+        q.require_fp8_support(device, op_name(op))
     if recipe.delayed() and torch.compiler.is_compiling():
         raise NotImplementedError(f"{op_name(op)}: DelayedScaling is not supported under "
                                   "torch.compile; use Float8CurrentScaling or run eagerly")
@@ -41,7 +44,13 @@ def fp8_call(op, device: torch.device, expect_backward: bool) -> Optional[FP8Cal
                           if isinstance(v, torch.Tensor)})
             op._pending_fp8_extra_state = None
     step = q.register_forward(rs, expect_backward=expect_backward)
-    return FP8Call(rs, step)
+    return FP8Call(rs, step, not s.enabled)
+
+
+def record_amax(fp8: FP8Call, x: torch.Tensor, slot: int) -> None:
+    """Calibration: fold max|x| into the forward amax of `slot` (the delayed-scaling update at
+    the autocast's exit turns it into a scale)."""
+    kernels.compute_amax(x, fp8.rs.fwd_amax[slot])
 
 
 def scale_for(rs: q.RecipeState, x: torch.Tensor, forward: bool, slot: int):

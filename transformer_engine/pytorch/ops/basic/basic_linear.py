@@ -11,7 +11,7 @@ from ... import kernels
 from ... import quantization as q
 from ...quantization import FP8GlobalState
 from ...tensor import Float8Tensor
-from .._fp8 import cast, fp8_call
+from .._fp8 import cast, fp8_call, record_amax
 from ..op import PREFIX, BasicOperation, OperationContext, op_name
 from ._common import (check_last_dim, default_device, default_dtype, high_precision, param_as,
                       positive_int)
@@ -176,7 +176,11 @@ class BasicLinear(BasicOperation):
         ctx.fp8, ctx.out_shape = fp8, tuple(x.shape[:-1]) + (m,)
         ctx.in_shape, ctx.has_bias = tuple(x.shape), bias is not None
         bias = None if bias is None else param_as(bias, dtype)
-        if fp8 is None:
+        if fp8 is not None and fp8.calibrating:  # high precision, recording the amaxes
+            x = high_precision(x, dtype)
+            record_amax(fp8, x, 0)
+            record_amax(fp8, self._weight_in(dtype), 1)
+        if fp8 is None or fp8.calibrating:
             x = high_precision(x, dtype)
             w = self._weight_in(dtype)
             ctx.save_for_backward(x, w)
@@ -232,7 +236,7 @@ class BasicLinear(BasicOperation):
         dtype, k, m = ctx.dtype, self.local_in_features, self.local_out_features
         dy2d = high_precision(dy, dtype).reshape(-1, m)
         out, acc = self._wgrad_target()
-        if ctx.fp8 is None:
+        if ctx.fp8 is None or ctx.fp8.calibrating:
             x, w = ctx.saved_tensors
             dx = kernels.general_gemm(w, dy2d, layout="NN").out.reshape(ctx.in_shape)
             res = kernels.general_gemm(x.reshape(-1, k), dy2d, None if out is None else out.dtype,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ... import kernels
+from ...quantization import FP8GlobalState
 from ...tensor import Float8Tensor
 from .._fp8 import cast, fp8_call
 from ..op import BasicOperation
@@ -34,7 +35,8 @@ class Quantize(BasicOperation):
         self._quantize_backward = bool(backward)
 
     def _forward(self, ctx, x, extra_inputs):
-        fp8 = fp8_call(self, x.device, ctx.requires_grad) if (
+        # (calibrating: nothing is quantized and no amax recorded here)
+        fp8 = fp8_call(self, x.device, ctx.requires_grad) if FP8GlobalState.enabled and (
             self._quantize_forward or self._quantize_backward) else None
         ctx.fp8 = fp8
         if fp8 is None or not self._quantize_forward or isinstance(x, Float8Tensor):

@@ -38,7 +38,7 @@ class NormLinear(FusedOperation):
         for c in ctxs[::2]:
             c.fp8 = None
         fp8 = fp8_call(linear, x.device, ctxs[1].requires_grad)
-        fused_cast = (fp8 is not None and fp8.rs.delayed and len(norm.normalized_shape) == 1
+        fused_cast = (fp8 is not None and not fp8.calibrating and fp8.rs.delayed and len(norm.normalized_shape) == 1
                       and x.shape[-1] == linear.local_in_features)
         if not fused_cast:
             z = norm._norm_forward(ctxs[0], x)
