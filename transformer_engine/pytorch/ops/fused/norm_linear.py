@@ -35,10 +35,11 @@ class NormLinear(FusedOperation):
     def forward(self, ctxs, x, extra_inputs):  # the group protocol (_autograd.py)
         norm, linear = self.basic_ops[0], self.basic_ops[1]
         bias = self.basic_ops[2].bias if len(self.basic_ops) == 3 else None
-        for c in ctxs[::2]:
+        for c in ctxs[::2]:  # the norm's and the bias's: the linear's FP8 state serves the group
             c.fp8 = None
         fp8 = fp8_call(linear, x.device, ctxs[1].requires_grad)
-        fused_cast = (fp8 is not None and not fp8.calibrating and fp8.rs.delayed and len(norm.normalized_shape) == 1
+        fused_cast = (fp8 is not None and not fp8.calibrating and fp8.rs.delayed
+                      and len(norm.normalized_shape) == 1
                       and x.shape[-1] == linear.local_in_features)
         if not fused_cast:
             z = norm._norm_forward(ctxs[0], x)
