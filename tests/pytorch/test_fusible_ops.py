@@ -192,21 +192,11 @@ def _grads(model):
     return [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
-@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
-def test_fused_equals_unfused(device, recipe, norm):
-    # high precision in fp32, where one extra rounding (a bias added after the GEMM instead of
-    # in its epilogue) stays far below the tolerance through the whole block
-    dtype = torch.float32 if recipe == "none" else torch.bfloat16
-    seed = stable_seed("fusion", recipe, norm)
-    fused = _norm_mlp(dtype, device, seed, norm)
-    groups = fused._module_groups()[0]._current_groups()
-    assert [type(g).__name__ for g in groups] == ["NormLinear", "SingleOp", "LinearBias"]
-    unfused = _norm_mlp(dtype, device, seed, norm)
-    x = randn((32, 48), dtype, device, seed=seed).requires_grad_(True)
+def _fused_vs_unfused(fused, unfused, x, dy, recipe, groups):
+    """Runs both (the unfused one operation by operation) and compares outputs and gradients;
+    returns the fused output."""
+    assert [type(g).__name__ for g in fused._module_groups()[0]._current_groups()] == groups
     xu = x.detach().clone().requires_grad_(True)
-    dy = randn((32, 48), dtype, device, seed=seed + 1)
     with autocast(recipe):
         y = fused(x)
     with autocast(recipe):
@@ -216,13 +206,28 @@ def test_fused_equals_unfused(device, recipe, norm):
     pairs = [(y, yu), (x.grad, xu.grad)] + list(zip(_grads(fused), _grads(unfused)))
     for a, b in pairs:
         if recipe == "none":
-            torch.testing.assert_close(a, b, **tols(dtype))
+            torch.testing.assert_close(a, b, **tols(x.dtype))
         else:
-            # FP8: the fused norm quantizes its fp32 result, the unfused path its bf16 result
-            # (double rounding), and the unfused bias is added after rounding, so some elements
+            # FP8: a fused norm quantizes its fp32 result, the unfused path its bf16 result
+            # (double rounding), and an unfused bias is added after rounding, so some elements
             # land one FP8 step apart: the difference stays below one E4M3 step (2^-4) relative
             # to the result as a whole
             assert (a.float() - b.float()).norm() <= 2.0 ** -4 * b.float().norm()
+    return y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+def test_fused_equals_unfused(device, recipe, norm):
+    # high precision in fp32, where one extra rounding (a bias added after the GEMM instead of
+    # in its epilogue) stays far below the tolerance through the whole block
+    dtype = torch.float32 if recipe == "none" else torch.bfloat16
+    seed = stable_seed("fusion", recipe, norm)
+    fused, unfused = _norm_mlp(dtype, device, seed, norm), _norm_mlp(dtype, device, seed, norm)
+    x = randn((32, 48), dtype, device, seed=seed).requires_grad_(True)
+    dy = randn((32, 48), dtype, device, seed=seed + 1)
+    _fused_vs_unfused(fused, unfused, x, dy, recipe, ["NormLinear", "SingleOp", "LinearBias"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -238,23 +243,9 @@ def test_linear_gelu_fusion(device, recipe):
         return _randomize(ops.Sequential(ops.Linear(shape[1], shape[2], device=device, dtype=dtype),
                                          ops.GELU()), seed)
     fused, unfused = make(), make()
-    groups = fused._module_groups()[0]._current_groups()
-    assert [type(g).__name__ for g in groups] == ["LinearBiasGELU"]
     x = randn((shape[0], shape[1]), dtype, device, seed=seed).requires_grad_(True)
-    xu = x.detach().clone().requires_grad_(True)
     dy = randn((shape[0], shape[2]), dtype, device, seed=seed + 1)
-    with autocast(recipe):
-        y = fused(x)
-    with autocast(recipe):
-        yu = _run_unfused(unfused, xu)
-    y.backward(dy)
-    yu.backward(dy)
-    pairs = [(y, yu), (x.grad, xu.grad)] + list(zip(_grads(fused), _grads(unfused)))
-    for a, b in pairs:
-        if recipe == "none":
-            torch.testing.assert_close(a, b, **tols(dtype))
-        else:  # FP8 casts of slightly different gradients: see test_fused_equals_unfused
-            assert (a.float() - b.float()).norm() <= 2.0 ** -4 * b.float().norm()
+    y = _fused_vs_unfused(fused, unfused, x, dy, recipe, ["LinearBiasGELU"])
     if recipe == "none":
         lin = fused[0]
         w, b = _fp32_copies(lin)

@@ -2,35 +2,18 @@
 sequence parallelism, and the collective operations) against the unsplit computation: two CPU
 ranks in a gloo group (the collectives are torch.distributed's, so the same code runs over
 NCCL)."""
-import os
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from test_module_parallel import ROOT, _free_port
-
-
-def _worker(rank, world, port, errors):
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        sys.path.insert(0, ROOT)
-        _check_parallel_mlp(rank, world)
-        _check_collectives(rank, world)
-        dist.destroy_process_group()
-    except Exception as exc:  # reported to the parent, which fails the test
-        errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
+from test_distributed import _spawn
 
 
-def _check_parallel_mlp(rank, world):
+def _check_parallel_mlp(rank, world, group):
     """Column-parallel Linear, GELU, row-parallel Linear (Megatron's MLP) against the full MLP,
     forward, input gradient and each rank's slice of the parameter gradients."""
     import torch.nn.functional as F
     import transformer_engine.pytorch as te
-    group = dist.new_group(list(range(world)))
     gen = torch.Generator().manual_seed(0)
     w1, b1 = torch.randn(96, 64, generator=gen) * 0.2, torch.randn(96, generator=gen)
     w2, b2 = torch.randn(64, 96, generator=gen) * 0.2, torch.randn(64, generator=gen)
@@ -70,7 +53,7 @@ def _check_parallel_mlp(rank, world):
         torch.testing.assert_close(b2_grad, full[4].grad, **tol)
 
 
-def _check_collectives(rank, world):
+def _check_collectives(rank, world, group):
     import transformer_engine.pytorch as te
     gen = torch.Generator().manual_seed(1)
     parts = [torch.randn(3, 5, generator=gen) for _ in range(world)]
@@ -93,13 +76,8 @@ def _check_collectives(rank, world):
     torch.testing.assert_close(x.grad, grads[rank][:3])
 
 
-def test_tensor_parallel_fusible_ops():
+@pytest.mark.parametrize("body", [_check_parallel_mlp, _check_collectives])
+def test_tensor_parallel_fusible_ops(body):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this torch build")
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(2, _free_port(), errors), nprocs=2, start_method="spawn")
-    problems = []
-    while not errors.empty():
-        problems.append(errors.get())
-    assert not problems, "\n".join(problems)
+    _spawn(body)
