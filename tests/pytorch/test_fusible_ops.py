@@ -510,6 +510,11 @@ def test_bad_input_shape_and_dtype():
         ops.AddExtraInput()(torch.randn(4, 16), torch.randn(4, 17))
     with _raises(ValueError, "Reshape", "reshaped"):
         ops.Reshape((5, -1))(torch.randn(4, 16))
+    elsewhere = torch.empty(4, 16, device="meta")  # a device other than the parameters
+    for op, name in ((lin, "BasicLinear"), (ops.Bias(16, device="cpu"), "Bias"),
+                     (ops.RMSNorm(16, device="cpu"), "RMSNorm")):
+        with _raises(ValueError, name, "input is on meta; expected cpu"):
+            op(elsewhere)
 
 
 def test_bad_constructor_arguments():

@@ -7,11 +7,19 @@ and returns the gradients of the input, the extra inputs and every parameter.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Sequence
 
 import torch
 
 from .op import BasicOperation, OperationContext
+
+
+def _autocast_off(t: torch.Tensor):
+    kind = "cuda" if t.is_cuda else t.device.type
+    if kind in ("cuda", "cpu"):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()  # (torch.autocast knows no other device types here)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -45,8 +53,7 @@ class _GroupFunction(torch.autograd.Function):
         for c in op_ctxs:
             c.dtype = dtype
             c.requires_grad = needs_grad
-        kind = "cuda" if x.is_cuda else x.device.type
-        with torch.autocast(kind, enabled=False):
+        with _autocast_off(x):
             y, extra_outputs = group.forward(op_ctxs, x if x.dtype == dtype else x.to(dtype),
                                              extra_inputs)
         flat, counts = [], []
@@ -67,8 +74,7 @@ class _GroupFunction(torch.autograd.Function):
         for c, n in zip(ctx.op_ctxs, ctx.counts):
             c.saved_tensors = saved[offset:offset + n]
             offset += n
-        kind = "cuda" if dy.is_cuda else dy.device.type
-        with torch.autocast(kind, enabled=False):
+        with _autocast_off(dy):
             dx, dextra, dparams = ctx.group.backward(ctx.op_ctxs, dy.contiguous(),
                                                      grad_extra_outputs)
         for c in ctx.op_ctxs:  # delayed scaling: the step's update waits for every backward

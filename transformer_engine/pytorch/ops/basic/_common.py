@@ -43,6 +43,12 @@ def param_as(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return p if p.dtype == dtype else p.to(dtype)
 
 
+def check_device(op, x: torch.Tensor, param: torch.Tensor) -> None:
+    if x.device != param.device:
+        raise ValueError(f"{op_name(op)}: input is on {x.device}; expected {param.device}, where "
+                         "the operation's parameters are")
+
+
 def check_last_dim(op, x: torch.Tensor, expected: int, what: str) -> None:
     if x.dim() < 1 or x.shape[-1] != expected:
         raise ValueError(f"{op_name(op)}: input has shape {tuple(x.shape)}; expected the last "

@@ -13,8 +13,8 @@ from ...quantization import FP8GlobalState
 from ...tensor import Float8Tensor
 from .._fp8 import cast, fp8_call, record_amax
 from ..op import PREFIX, BasicOperation, OperationContext, op_name
-from ._common import (check_last_dim, default_device, default_dtype, high_precision, param_as,
-                      positive_int)
+from ._common import (check_device, check_last_dim, default_device, default_dtype, high_precision,
+                      param_as, positive_int)
 
 _UNSET = object()
 
@@ -171,6 +171,7 @@ class BasicLinear(BasicOperation):
         quantized_input: (data [tokens, in], data_t or None, scale_inv) the caller cast."""
         dtype, k, m = ctx.dtype, self.local_in_features, self.local_out_features
         check_last_dim(self, x, k, "in_features")
+        check_device(self, x, self.weight)
         if fp8 is _UNSET:
             fp8 = fp8_call(self, x.device, ctx.requires_grad)
         ctx.fp8, ctx.out_shape = fp8, tuple(x.shape[:-1]) + (m,)

@@ -7,8 +7,8 @@ import torch
 
 from ... import kernels
 from ..op import PREFIX, BasicOperation
-from ._common import (check_last_dim, default_device, default_dtype, high_precision, param_as,
-                      positive_int)
+from ._common import (check_device, check_last_dim, default_device, default_dtype, high_precision,
+                      param_as, positive_int)
 from .basic_linear import _tp_world
 
 
@@ -51,6 +51,7 @@ class Bias(BasicOperation):
 
     def _forward(self, ctx, x, extra_inputs):
         check_last_dim(self, x, self.local_size, "the bias size")
+        check_device(self, x, self.bias)
         x = high_precision(x, ctx.dtype)
         return x + param_as(self.bias, ctx.dtype), ()
 

@@ -8,7 +8,7 @@ import torch
 
 from ... import kernels
 from ..op import PREFIX, BasicOperation, op_name
-from ._common import default_device, default_dtype, high_precision, param_as
+from ._common import check_device, default_device, default_dtype, high_precision, param_as
 
 
 def _normalized_shape(who: str, normalized_shape) -> tuple:
@@ -59,6 +59,7 @@ class _Norm(BasicOperation):
         return conv(self.weight), (None if self.rms else conv(self.bias))
 
     def _check(self, x):
+        check_device(self, x, self.weight)
         nd = len(self.normalized_shape)
         if x.dim() < nd or tuple(x.shape[-nd:]) != self.normalized_shape:
             raise ValueError(f"{op_name(self)}: input has shape {tuple(x.shape)}; expected it to "
