@@ -551,6 +551,10 @@ def test_fp8_refusals():
     with _raises(ValueError, "BasicLinear", "multiples of 16"):
         with autocast("current"):
             lin(x)
+    # (quantized_model_init itself may refuse the recipe first: either way it is refused)
+    with pytest.raises(NotImplementedError, match="Float8BlockScaling"):
+        with te.quantized_model_init(recipe=te_recipe.Float8BlockScaling()):
+            ops.BasicLinear(128, 128, device="cpu")
     with _raises(NotImplementedError, "BasicLinear", "Float8BlockScaling"):
         with te.fp8_autocast(fp8_recipe=te_recipe.Float8BlockScaling()):
             lin32 = ops.Linear(32, 16, device="cpu", dtype=torch.bfloat16)

@@ -96,6 +96,11 @@ class BasicLinear(BasicOperation):
         self._quantized_weight = FP8GlobalState.model_init
         self._weight_recipe = FP8GlobalState.model_init_recipe
         self._keep_hp_init_val = FP8GlobalState.model_init_keep_hp
+        if self._quantized_weight and (self._weight_recipe
+                                       or q.get_default_recipe()).float8_block_scaling():
+            raise NotImplementedError(f"{PREFIX}.{who}: FP8 weights under Float8BlockScaling "
+                                      "(quantized_model_init) are not supported by the fusible "
+                                      "operations; create the weights in high precision")
         self.tensor_parallel_mode = tensor_parallel_mode
         self.sequence_parallel = bool(sequence_parallel)
         group, size = _tp_world(tensor_parallel_group) if tensor_parallel_mode else (None, 1)
