@@ -466,6 +466,25 @@ def test_calibration_records_amaxes():
     assert model[2]._fp8_state is None  # Quantize records nothing while calibrating
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_mode_then_training(device):
+    """FP8 state first made under torch.inference_mode serves a later training step."""
+    dtype = torch.bfloat16
+    seed = stable_seed("inference_mode")
+    op = _randomize(ops.Sequential(ops.LayerNorm(32, device=device, dtype=dtype),
+                                   ops.Linear(32, 48, device=device, dtype=dtype)), seed)
+    x = randn((16, 32), dtype, device, seed=seed)
+    with torch.inference_mode(), autocast("delayed"):
+        y_inf = op(x)
+    assert not op[1].basic_ops[0]._fp8_state.scale_fwd.is_inference()
+    xt = x.clone().requires_grad_(True)
+    with autocast("delayed"):
+        y = op(xt)
+    y.float().sum().backward()
+    assert xt.grad is not None and op[1].weight.grad is not None
+    assert (y.detach().float() - y_inf.float()).norm() <= 2.0 ** -4 * y_inf.float().norm()
+
+
 def test_fp8_state_survives_state_dict():
     seed = stable_seed("fp8_state")
     model = _randomize(ops.Sequential(ops.Linear(32, 48, device="cpu", dtype=torch.bfloat16)), seed)

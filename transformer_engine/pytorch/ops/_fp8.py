@@ -37,12 +37,15 @@ def fp8_call(op, device: torch.device, expect_backward: bool) -> Optional[FP8Cal
                                   "torch.compile; use Float8CurrentScaling or run eagerly")
     rs = op._fp8_state
     if rs is None or rs.recipe is not recipe or rs.device != device:
-        rs = op._fp8_state = q.recipe_state_for(rs, recipe, device, *op.fp8_slots)
-        rs.owner = op_name(op)
-        if op._pending_fp8_extra_state is not None:
-            rs.load_dict({k: v.to(device) for k, v in op._pending_fp8_extra_state.items()
-                          if isinstance(v, torch.Tensor)})
-            op._pending_fp8_extra_state = None
+        # the state outlives this call: normal tensors even under torch.inference_mode, so a
+        # later training step can update it in place
+        with torch.inference_mode(False):
+            rs = op._fp8_state = q.recipe_state_for(rs, recipe, device, *op.fp8_slots)
+            rs.owner = op_name(op)
+            if op._pending_fp8_extra_state is not None:
+                rs.load_dict({k: v.to(device) for k, v in op._pending_fp8_extra_state.items()
+                              if isinstance(v, torch.Tensor)})
+                op._pending_fp8_extra_state = None
     step = q.register_forward(rs, expect_backward=expect_backward)
     return FP8Call(rs, step, not s.enabled)
 
