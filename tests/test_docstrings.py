@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-PACKAGES = ("transformer_engine.pytorch", "transformer_engine.jax",
+PACKAGES = ("transformer_engine.pytorch", "transformer_engine.pytorch.ops", "transformer_engine.jax",
             "transformer_engine.jax.flax", "transformer_engine.common.recipe")
 # constructor arguments every Flax module has, documented by Flax itself
 FLAX_MODULE_FIELDS = {"parent", "name"}
@@ -123,7 +123,8 @@ def test_every_argument_is_documented(qual, obj, args):
     assert not missing, f"{qual}: arguments without a 'name : type' entry under Parameters: {missing}"
 
 
-API_PAGES = {"transformer_engine.pytorch": "pytorch.rst", "transformer_engine.jax": "jax.rst",
+API_PAGES = {"transformer_engine.pytorch": "pytorch.rst", "transformer_engine.pytorch.ops": "ops.rst",
+             "transformer_engine.jax": "jax.rst",
              "transformer_engine.jax.flax": "flax.rst",
              "transformer_engine.common.recipe": "recipe.rst"}
 

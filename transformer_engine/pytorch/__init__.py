@@ -24,3 +24,4 @@ from .transformer import TransformerLayer  # noqa: F401
 from .checkpoint import checkpoint  # noqa: F401
 from .module import Fp8Padding, Fp8Unpadding, GroupedLinear  # noqa: F401
 from .graph import make_graphed_callables  # noqa: F401
+from . import ops  # noqa: F401,E402  (NV TE 2.x's fusible-operations API)
