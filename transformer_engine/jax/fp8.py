@@ -134,7 +134,11 @@ def get_fp8_recipe() -> Optional[recipe_mod.Recipe]:
 
 
 def get_mesh_resource() -> MeshResource:
-    return _STATE[-1].mesh_resource
+    """The MeshResource of the innermost autocast that names one, else the one of
+    :func:`~transformer_engine.jax.sharding.global_shard_guard`."""
+    from .sharding import global_mesh_resource
+    own = _STATE[-1].mesh_resource
+    return own if own != MeshResource() else global_mesh_resource()
 
 
 @dataclasses.dataclass(frozen=True)
