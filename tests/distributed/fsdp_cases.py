@@ -33,8 +33,12 @@ BATCH, HIDDEN, FFN = 32, 64, 96
 # weights differ in rounding (each shard is requantised on its own scale after an optimizer step)
 LOSS_TOL = {"fp32": dict(rtol=1e-5, atol=1e-7), "fp8": tols("float8_e4m3")}
 
-# largest norm-relative error of this rank's outputs against the unsharded model's
+# largest norm-relative error of this rank's outputs against the unsharded model's (FP8: equal
+# scales on both sides, so only rare roundings across an FP8 step differ)
 OUT_BOUND = {"fp32": 1e-5, "fp8": 0.05}
+# on a GPU the sharded half batch and the whole batch may take GEMM algorithms that sum in
+# another order: FP32 results then differ in the last bits, which 20 AdamW steps carry on
+GPU_FP32_SLACK = 10.0
 
 
 def _recipe():
@@ -109,6 +113,8 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2, foreach=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
     per = BATCH // world
+    slack = GPU_FP32_SLACK if precision == "fp32" and torch.device(device).type == "cuda" else 1.0
+    loss_tol = {k: v * slack for k, v in LOSS_TOL[precision].items()}
     for step in range(steps):
         x = randn((BATCH, HIDDEN), torch.float32, device, seed=100 + step)
         target = randn((BATCH, HIDDEN), torch.float32, device, seed=200 + step)
@@ -136,11 +142,11 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
         ref_opt.zero_grad()
         # the outputs themselves, not only the loss (which the target's variance dominates)
         err = (out.detach() - ref_out.detach()[mine]).norm() / ref_out.detach()[mine].norm()
-        assert err <= OUT_BOUND[precision], \
-            f"{precision} step {step}: output norm-relative error {float(err):.4g} > {OUT_BOUND[precision]}"
+        assert err <= OUT_BOUND[precision] * slack, \
+            f"{precision} step {step}: output norm-relative error {float(err):.4g} > {OUT_BOUND[precision] * slack}"
         total = loss.detach().clone()
         dist.all_reduce(total, group=group)
-        torch.testing.assert_close(total, ref_loss.detach(), **LOSS_TOL[precision],
+        torch.testing.assert_close(total, ref_loss.detach(), **loss_tol,
                                    msg=lambda m: f"{precision} step {step}: {m}")
     # the sharded state saved and loaded into a fresh sharded model gives the same outputs
     path = [tempfile.mkdtemp() if rank == 0 else None]
