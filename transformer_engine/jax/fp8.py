@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from ..common import fp8_formats, recipe as recipe_mod
 from ..common.capabilities import native_device_capability
 from .kernels.cast import fp8_dtype as _fp8_dtype
-from .sharding import MeshResource
+from .sharding import MeshResource, autocast_mesh_resource, mesh_resource_in_force
 
 FP8_COLLECTION = "fp8_metas"
 NUM_META = 3  # input, kernel, output gradient
@@ -90,7 +90,8 @@ def fp8_autocast(enabled: bool = False, fp8_recipe: Optional[recipe_mod.Recipe] 
     _STATE.append(_AutocastState(bool(enabled), fp8_recipe if enabled else None,
                                  mesh_resource or MeshResource()))
     try:
-        yield
+        with autocast_mesh_resource(mesh_resource or MeshResource()):
+            yield
     finally:
         _STATE.pop()
 
@@ -136,9 +137,7 @@ def get_fp8_recipe() -> Optional[recipe_mod.Recipe]:
 def get_mesh_resource() -> MeshResource:
     """The MeshResource of the innermost autocast that names one, else the one of
     :func:`~transformer_engine.jax.sharding.global_shard_guard`."""
-    from .sharding import global_mesh_resource
-    own = _STATE[-1].mesh_resource
-    return own if own != MeshResource() else global_mesh_resource()
+    return mesh_resource_in_force()
 
 
 @dataclasses.dataclass(frozen=True)

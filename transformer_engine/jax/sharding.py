@@ -90,6 +90,24 @@ W_TP_AXES = "nvte_w_tp"
 W_JOINED_AXES = "nvte_w_joined"
 
 _GLOBAL_RESOURCE = [MeshResource()]
+# pushed by fp8_autocast / autocast for their block (transformer_engine.jax.fp8)
+_AUTOCAST_RESOURCE = [MeshResource()]
+
+
+@contextlib.contextmanager
+def autocast_mesh_resource(resource: MeshResource):
+    """The MeshResource an fp8_autocast names, in force for its block (internal)."""
+    _AUTOCAST_RESOURCE.append(resource)
+    try:
+        yield
+    finally:
+        _AUTOCAST_RESOURCE.pop()
+
+
+def mesh_resource_in_force() -> MeshResource:
+    """The innermost autocast's MeshResource when it names any axis, else the guard's."""
+    own = _AUTOCAST_RESOURCE[-1]
+    return own if own != MeshResource() else _GLOBAL_RESOURCE[-1]
 
 
 @contextlib.contextmanager
@@ -130,8 +148,7 @@ def logical_axis_rules(resource: Optional[MeshResource] = None) -> Tuple[Tuple[s
         Default: the one in force (``fp8_autocast``'s, else :func:`global_mesh_resource`).
     """
     if resource is None:
-        from .fp8 import get_mesh_resource
-        resource = get_mesh_resource()
+        resource = mesh_resource_in_force()
     batch = tuple(a for a in (resource.dp_resource, resource.fsdp_resource) if a is not None)
     batch_axis = batch[0] if len(batch) == 1 else (batch or None)
     tp = resource.tp_resource

@@ -67,12 +67,13 @@ def _common_scale(data: torch.Tensor, scale_invs: torch.Tensor, fp8_dtype: torch
     return requantized, common
 
 
-def post_all_gather(all_gather_outputs: Sequence[torch.Tensor], metadata: tuple,
+def post_all_gather(cls, all_gather_outputs: Sequence[torch.Tensor], metadata: tuple,
                     param_dtype: torch.dtype, out=None):
-    """The unsharded Float8Tensor from the gathered inputs, and the tensors whose storage FSDP
-    frees after use and re-allocates before the next gather (the FP8 data). With ``out`` (a
-    later gather), ``out``'s data and scale are overwritten in place and None is returned."""
-    from .float8_tensor import Float8Tensor, _quantize_current
+    """The unsharded tensor (of class ``cls``, Float8Tensor) from the gathered inputs, and the
+    tensors whose storage FSDP frees after use and re-allocates before the next gather (the FP8
+    data). With ``out`` (a later gather), ``out``'s data and scale are overwritten in place and
+    None is returned."""
+    from .current_scaling import quantize_current
     form, fp8_dtype, orig_size = metadata
     if form == _FP8_BYTES:
         gathered, scale_invs = all_gather_outputs
@@ -80,7 +81,7 @@ def post_all_gather(all_gather_outputs: Sequence[torch.Tensor], metadata: tuple,
         data, scale_inv = _common_scale(gathered.reshape(orig_size), scale_invs, fp8_dtype, world)
     else:
         (gathered,) = all_gather_outputs
-        data, scale_inv = _quantize_current(gathered[: orig_size[0]].reshape(orig_size), fp8_dtype)
+        data, scale_inv = quantize_current(gathered[: orig_size[0]].reshape(orig_size), fp8_dtype)
     if out is not None:
         # a refill between forward and backward, as FSDP's own all-gather into its buffers is:
         # the values equal those the forward saved, so autograd's version check must not fire
@@ -90,7 +91,7 @@ def post_all_gather(all_gather_outputs: Sequence[torch.Tensor], metadata: tuple,
             out._scale_inv.copy_(scale_inv.reshape(out._scale_inv.shape))
         out._transpose_cache = None  # the weights changed since the last gather
         return None
-    unsharded = Float8Tensor(data, scale_inv.reshape(1).clone(), param_dtype)
+    unsharded = cls(data, scale_inv.reshape(1).clone(), param_dtype)
     return unsharded, (data,)
 
 
@@ -100,7 +101,7 @@ def requantize_together(pairs) -> None:
     with the amaxes of FSDP shards reduced over their shard group: one collective per group for
     the whole list, no host synchronisation."""
     import torch.distributed as dist
-    from .float8_tensor import amax_of
+    from .current_scaling import amax_of
     values = [new.to(t.dtype) for t, new in pairs]
     amaxes = [amax_of(v) for v in values]
     by_group: dict = {}

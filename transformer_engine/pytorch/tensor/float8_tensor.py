@@ -21,33 +21,12 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_map
 
-from ...common import fp8_formats
 from ..constants import DType, torch_dtype_of
+from .current_scaling import fp8_max_of_dtype  # noqa: F401  (its old home)
+from .current_scaling import quantize_current as _quantize_current
 from .quantized_tensor import QuantizedTensor, copy_user_attributes
 
 aten = torch.ops.aten
-
-
-def fp8_max_of_dtype(fp8_dtype: torch.dtype) -> float:
-    fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
-    return fp8_formats.fp8_max(fmt, flavor)
-
-
-def amax_of(x: torch.Tensor) -> torch.Tensor:
-    """max |x| as a one-element float32 tensor on x's device (0 for an empty x)."""
-    return x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
-
-
-def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype, amax: Optional[torch.Tensor] = None):
-    """(fp8 data, scale_inv) of x with scale = fp8_max / amax (default amax(x)), on x's device."""
-    from ..kernels import quantize
-    from ..quantization import scale_from_amax
-    x = x.contiguous()
-    if amax is None:
-        amax = amax_of(x)
-    scale = scale_from_amax(amax, torch.full((1,), fp8_max_of_dtype(fp8_dtype), device=x.device), False)
-    data, scale_inv = quantize(x, scale.contiguous(), fp8_dtype)
-    return data, scale_inv
 
 
 class Float8Tensor(QuantizedTensor):
@@ -241,7 +220,7 @@ class Float8Tensor(QuantizedTensor):
             when ``out`` is given.
         """
         from .float8_fsdp import post_all_gather
-        return post_all_gather(all_gather_outputs, metadata, param_dtype, out)
+        return post_all_gather(Float8Tensor, all_gather_outputs, metadata, param_dtype, out)
 
     def _view_of(self, data: torch.Tensor) -> "Float8Tensor":
         """A Float8Tensor over a view of this one's data that shares its inverse scale (so a copy_
