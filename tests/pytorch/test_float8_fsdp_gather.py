@@ -61,7 +61,12 @@ def test_even_split_gathers_fp8_bytes_on_the_largest_scale(device):
     for (data, scale_inv), _ in ins:
         assert data.dtype == torch.uint8 and data.shape == (19, 23) and scale_inv.shape == (1,)
     assert isinstance(full, te.Float8Tensor) and full.shape == x.shape and full.dtype == torch.bfloat16
-    assert inner[0] is full._data
+    # FSDP frees the data and the FP8 transpose (made with them) between gathers
+    assert inner[0] is full._data and inner[1] is full._transpose_cache
+    assert torch.equal(inner[1].view(torch.uint8), te.kernels.transpose(full._data).view(torch.uint8))
+    # the parameter FSDP makes of it (an identity as_strided, then detach) keeps the transpose
+    param = torch.nn.Parameter(torch.as_strided(full, full.shape, full.stride(), 0))
+    assert isinstance(param, te.Float8Tensor) and param._transpose_cache is inner[1]
     big = max(range(2), key=lambda i: float(shards[i]._scale_inv))
     assert torch.equal(full._scale_inv, shards[big]._scale_inv)
     # the shard already on the common scale is copied bit for bit; the other is rounded again
@@ -78,14 +83,16 @@ def test_equal_scales_gather_bit_for_bit_and_refill_in_place(device):
     (full, _), _ = _gather(shards, _Mesh(2), x.shape, torch.bfloat16)
     assert torch.equal(full._data.view(torch.uint8), whole._data.view(torch.uint8))
     assert torch.equal(full._scale_inv, whole._scale_inv)
-    # a later gather refills the same tensor without bumping the version autograd checks
-    full.transpose_fp8()
-    version = full._data._version
+    # a later gather refills the same tensors without bumping the version autograd checks
+    cached = full.transpose_fp8()
+    version, t_version = full._data._version, cached._version
     shards[0].mul_(0.5)
     ins = [s.fsdp_pre_all_gather(_Mesh(2), x.shape, None, None, None) for s in shards]
     outs = tuple(torch.cat([i[0][k] for i in ins]) for k in range(2))
     assert shards[0].fsdp_post_all_gather(outs, ins[0][1], torch.bfloat16, out=full) is None
-    assert full._data._version == version and full._transpose_cache is None
+    assert full._data._version == version and cached._version == t_version
+    assert full._transpose_cache is cached
+    assert torch.equal(cached.view(torch.uint8), te.kernels.transpose(full._data).view(torch.uint8))
     want = torch.cat([shards[0].dequantize(), shards[1].dequantize()])
     torch.testing.assert_close(full.dequantize().float(), want.float(), **tols("float8_e4m3"))
 

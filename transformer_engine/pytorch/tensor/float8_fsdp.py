@@ -71,8 +71,8 @@ def post_all_gather(cls, all_gather_outputs: Sequence[torch.Tensor], metadata: t
                     param_dtype: torch.dtype, out=None):
     """The unsharded tensor (of class ``cls``, Float8Tensor) from the gathered inputs, and the
     tensors whose storage FSDP frees after use and re-allocates before the next gather (the FP8
-    data). With ``out`` (a later gather), ``out``'s data and scale are overwritten in place and
-    None is returned."""
+    data and, for a 2-D weight, its FP8 transpose). With ``out`` (a later gather), ``out``'s
+    data, scale and transpose are overwritten in place and None is returned."""
     from .current_scaling import quantize_current
     form, fp8_dtype, orig_size = metadata
     if form == _FP8_BYTES:
@@ -82,6 +82,7 @@ def post_all_gather(cls, all_gather_outputs: Sequence[torch.Tensor], metadata: t
     else:
         (gathered,) = all_gather_outputs
         data, scale_inv = quantize_current(gathered[: orig_size[0]].reshape(orig_size), fp8_dtype)
+    from ..kernels import transpose
     if out is not None:
         # a refill between forward and backward, as FSDP's own all-gather into its buffers is:
         # the values equal those the forward saved, so autograd's version check must not fire
@@ -89,10 +90,20 @@ def post_all_gather(cls, all_gather_outputs: Sequence[torch.Tensor], metadata: t
                 torch.autograd._unsafe_preserve_version_counter(out._scale_inv):
             out._data.copy_(data)
             out._scale_inv.copy_(scale_inv.reshape(out._scale_inv.shape))
-        out._transpose_cache = None  # the weights changed since the last gather
+        cached = out._transpose_cache
+        if cached is not None and cached.numel() == data.numel():
+            with torch.autograd._unsafe_preserve_version_counter(cached):
+                cached.copy_(transpose(data))
+        else:
+            out._transpose_cache = None  # made again on first use
         return None
     unsharded = cls(data, scale_inv.reshape(1).clone(), param_dtype)
-    return unsharded, (data,)
+    if data.dim() != 2 or not data.numel():
+        return unsharded, (data,)
+    # the FP8 transpose the backward GEMMs read, made here so that FSDP frees it with the data
+    # after use (a transpose made later would stay allocated while the weight is sharded)
+    unsharded._transpose_cache = transpose(data)
+    return unsharded, (data, unsharded._transpose_cache)
 
 
 

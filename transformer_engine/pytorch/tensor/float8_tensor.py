@@ -234,10 +234,15 @@ class Float8Tensor(QuantizedTensor):
         kwargs = kwargs or {}
         if func in _VIEW_OPS and isinstance(args[0], Float8Tensor):
             # shape-only ops stay in FP8 (FSDP shards and pads a parameter with these)
-            res = func(args[0]._data, *args[1:], **kwargs)
+            src = args[0]
+            res = func(src._data, *args[1:], **kwargs)
             if isinstance(res, (list, tuple)):
-                return type(res)(args[0]._view_of(r) for r in res)
-            return args[0]._view_of(res)
+                return type(res)(src._view_of(r) for r in res)
+            out = src._view_of(res)
+            if (res.shape == src._data.shape and res.stride() == src._data.stride()
+                    and res.storage_offset() == src._data.storage_offset()):
+                out._transpose_cache = src._transpose_cache  # the same elements: still valid
+            return out
         if func is aten.new_zeros.default and isinstance(args[0], Float8Tensor) \
                 and kwargs.get("dtype") in (None, args[0].dtype):
             src = args[0]
