@@ -3,12 +3,15 @@ DotProductAttention on one GPU with the same inputs, in BF16 through the fused b
 and no_mask, bshd and sbhd, GQA; output and q/k/v gradients. Needs two GPUs."""
 import json
 import os
-import socket
+import sys
 import tempfile
 import traceback
 
 import pytest
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nccl_spawn import free_port  # noqa: E402
 
 WORLD = 2
 CASES = [(fmt, mask) for fmt in ("bshd", "sbhd") for mask in ("causal", "no_mask")]
@@ -64,9 +67,7 @@ def results():
     if gpus < WORLD:
         pytest.skip(f"needs {WORLD} GPUs; {gpus} visible")
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results")
         mp.start_processes(_worker, args=(port, out), nprocs=WORLD, start_method="spawn")

@@ -6,7 +6,6 @@ gradient and every parameter gradient, plus return_bias / return_layernorm_outpu
 GPUs; the same modules are checked in two-process gloo groups on the CPU in tests/pytorch."""
 import json
 import os
-import socket
 import sys
 import tempfile
 import traceback
@@ -16,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tp_cases  # noqa: E402
+from nccl_spawn import free_port  # noqa: E402
 
 WORLD = 2
 CASES = tp_cases.all_cases()
@@ -49,9 +49,7 @@ def results():
     if _gpus() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs with the native backend; {_gpus()} visible")
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results")
         mp.start_processes(_worker, args=(port, out), nprocs=WORLD, start_method="spawn")

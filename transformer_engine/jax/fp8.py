@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from ..common import fp8_formats, recipe as recipe_mod
 from ..common.capabilities import native_device_capability
 from .kernels.cast import fp8_dtype as _fp8_dtype
-from .sharding import MeshResource
+from .sharding import MeshResource, autocast_mesh_resource, mesh_resource_in_force
 
 FP8_COLLECTION = "fp8_metas"
 NUM_META = 3  # input, kernel, output gradient
@@ -95,7 +95,8 @@ def fp8_autocast(enabled: bool = False, fp8_recipe: Optional[recipe_mod.Recipe] 
     _STATE.append(_AutocastState(bool(enabled), fp8_recipe if enabled else None,
                                  mesh_resource or MeshResource()))
     try:
-        yield
+        with autocast_mesh_resource(mesh_resource or MeshResource()):
+            yield
     finally:
         _STATE.pop()
 
@@ -139,7 +140,9 @@ def get_fp8_recipe() -> Optional[recipe_mod.Recipe]:
 
 
 def get_mesh_resource() -> MeshResource:
-    return _STATE[-1].mesh_resource
+    """The MeshResource of the innermost autocast that names one, else the one of
+    :func:`~transformer_engine.jax.sharding.global_shard_guard`."""
+    return mesh_resource_in_force()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,3 +76,52 @@ def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     summed = tensor.clone()
     dist.all_reduce(summed, group=group)
     return summed.chunk(world, dim=0)[get_distributed_rank(group)].contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 all-gather: each rank quantises its own rows and the FP8 bytes travel (half of BF16's)
+# ---------------------------------------------------------------------------------------------
+
+def _all_gather_bytes(data: torch.Tensor, group, world: int, async_op: bool):
+    out = torch.empty((world * data.shape[0],) + tuple(data.shape[1:]), dtype=torch.uint8,
+                      device=data.device)
+    src = data.contiguous().view(torch.uint8)
+    if _uses_nccl(group):
+        handle = dist.all_gather_into_tensor(out, src, group=group, async_op=async_op)
+    else:
+        handle = dist.all_gather(list(out.chunk(world, dim=0)), src, group=group, async_op=async_op)
+    return out, handle
+
+
+def all_gather_fp8_first_dim(tensor: torch.Tensor, quantizer, group, async_op: bool = False):
+    """Every rank's rows of `tensor` concatenated along dim 0 and quantised by `quantizer` with
+    one scale, as (Float8Tensor, handle or None): this rank's rows are quantised first and only
+    their FP8 bytes are gathered.
+
+    One scale for all rows: a Float8Quantizer's scale is the caller's (the same on every rank
+    under delayed scaling with the amax reduced over the group); a Float8CurrentScalingQuantizer
+    first reduces its amax over `group` (one all-reduce of one value, on the device), so the
+    scale is that of the gathered tensor. With async_op the data arrives when the handle is
+    waited on (the Float8Tensor's bytes are the gather's output buffer)."""
+    from .tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Tensor
+    world = get_distributed_world_size(group)
+    if isinstance(quantizer, Float8CurrentScalingQuantizer):
+        local = Float8CurrentScalingQuantizer(
+            quantizer.dtype, quantizer.device, rowwise=True, columnwise=False,
+            with_amax_reduction=world > 1, amax_reduction_group=group,
+            force_pow_2_scales=quantizer.force_pow_2_scales, amax_epsilon=quantizer.amax_epsilon)
+        shard = local.quantize(tensor)
+        quantizer.amax, quantizer.scale = local.amax, local.scale
+    else:
+        columnwise = quantizer.columnwise_usage
+        quantizer.set_usage(columnwise=False)  # the transpose is of the gathered rows, made later
+        try:
+            shard = quantizer.quantize(tensor)
+        finally:
+            quantizer.set_usage(columnwise=columnwise)
+    if world == 1:
+        return shard, None
+    gathered, handle = _all_gather_bytes(shard._data, group, world, async_op)
+    out = Float8Tensor(gathered.view(shard._data.dtype), shard._scale_inv, shard.dtype)
+    out._quantizer = quantizer
+    return out, handle

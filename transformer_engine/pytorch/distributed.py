@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .checkpoint import checkpoint  # noqa: F401  (te.distributed.checkpoint: NV TE's other spelling)
 from .collectives import (  # noqa: F401  (re-exported: the public names live here too)
-    _tp_size, _uses_nccl, all_gather_first_dim, all_reduce, get_distributed_rank,
+    _tp_size, _uses_nccl, all_gather_first_dim, all_gather_fp8_first_dim, all_reduce, get_distributed_rank,
     get_distributed_world_size, reduce_scatter_first_dim)
 
 DEFAULT_RNG_STATE_NAME = "model-parallel-rng"
@@ -298,13 +298,21 @@ def gather_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool
                            quantizer=None) -> Tuple[torch.Tensor, Optional[object]]:
     """Every rank's `inp` concatenated along dim 0, as (output, handle): handle is the pending
     collective with async_op=True (wait() before reading the output), else None. A quantizer,
-    when given, quantizes the gathered output."""
+    when given, quantizes the output: an FP8 one (Float8Quantizer, Float8CurrentScalingQuantizer)
+    quantizes this rank's rows before the gather, which then moves FP8 bytes under one scale
+    (see collectives.all_gather_fp8_first_dim); another quantizes the gathered rows."""
     if not isinstance(inp, torch.Tensor):
         raise TypeError(f"gather_along_first_dim: inp must be a torch.Tensor, got {type(inp).__name__}")
     from .tensor import QuantizedTensor
+    from .tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
     if isinstance(inp, QuantizedTensor):
         inp = inp.dequantize()
     world = _world_of(process_group)
+    if isinstance(quantizer, (Float8Quantizer, Float8CurrentScalingQuantizer)):
+        group = process_group if process_group is not None else dist.group.WORLD
+        if world == 1:
+            return quantizer.quantize(inp), None
+        return all_gather_fp8_first_dim(inp, quantizer, group, async_op)
     if world == 1:
         return (quantizer.quantize(inp) if quantizer is not None else inp), None
     inp = inp.contiguous()

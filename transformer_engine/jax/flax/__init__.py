@@ -3,3 +3,4 @@ from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 from .transformer import (  # noqa: F401
     DotProductAttention, MultiHeadAttention, RelativePositionBiases, TransformerLayer,
     TransformerLayerType)
+from ..sharding import extend_logical_axis_rules  # noqa: F401

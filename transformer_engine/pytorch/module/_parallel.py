@@ -29,18 +29,50 @@ def split_features(who, in_features, out_features, parallel_mode, tp_size):
     return in_features, out_features
 
 
+def require_group(tp_group, tp_size):
+    """A module split over tp_size > 1 ranks needs their process group: without one its
+    collectives would be the identity and each rank would silently compute only its own part.
+    Raised at the first forward, before any collective (every rank raises alike)."""
+    if tp_size > 1 and tp_group is None:
+        raise ValueError(f"Linear / LayerNormLinear / LayerNormMLP: tp_size={tp_size} but tp_group "
+                         f"is None; pass the process group of the {tp_size} tensor-parallel ranks "
+                         f"as tp_group (or tp_size=1 for no tensor parallelism)")
+
+
+def check_sequence_rows(rows, tp_size, what):
+    """A sequence-parallel split needs a sequence (dim 0) divisible by the group's size; checked
+    before the collective, on every rank alike."""
+    if rows % tp_size:
+        raise ValueError(f"Linear / LayerNormLinear / LayerNormMLP (sequence_parallel=True): {what} "
+                         f"has {rows} rows in dim 0 (the sequence), not divisible by tp_size="
+                         f"{tp_size}; pad the sequence to a multiple of tp_size")
+
+
 def column_input(inp, tp_group, tp_size, sequence_parallel):
     if tp_size == 1:
         return inp
+    require_group(tp_group, tp_size)
     if sequence_parallel:
         return dist_te.gather_from_sequence_parallel_region(inp, tp_group)
     return dist_te.copy_to_tensor_parallel_region(inp, tp_group)
 
 
+def check_row_input(inp, tp_group, tp_size, sequence_parallel):
+    """The checks of row_output, made at the forward's start (before the GEMM and any FP8 step
+    bookkeeping): the output has the input's rows."""
+    if tp_size == 1:
+        return
+    require_group(tp_group, tp_size)
+    if sequence_parallel:
+        check_sequence_rows(inp.shape[0], tp_size, "the row-parallel input")
+
+
 def row_output(out, tp_group, tp_size, sequence_parallel):
     if tp_size == 1:
         return out
+    require_group(tp_group, tp_size)
     if sequence_parallel:
+        check_sequence_rows(out.shape[0], tp_size, "the row-parallel output")
         return dist_te.reduce_scatter_to_sequence_parallel_region(out, tp_group)
     return dist_te.reduce_from_tensor_parallel_region(out, tp_group)
 
@@ -58,6 +90,8 @@ class NormTP:
     def __init__(self, group, size, active, sequence_parallel):
         self.group, self.size = group, size
         self.active = active and size > 1
+        if self.active:
+            require_group(group, size)
         self.gather = self.active and sequence_parallel
 
     def gather_rows(self, t):

@@ -622,6 +622,8 @@ class Linear(TransformerEngineBaseModule):
                              f"{weight.shape[1]} (in_features)")
         if self.parallel_mode == "column":
             inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
+        elif self.parallel_mode == "row":
+            _parallel.check_row_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
         dtype = self.activation_dtype(inp)
         recipe = _blockwise.active()
         if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)

@@ -104,12 +104,21 @@ class Float8BlockwiseQTensor(Float8Tensor):
         for mine, theirs in zip(self._columnwise, src._columnwise):
             mine.copy_(theirs)
 
-    def _requantize_from(self, value: torch.Tensor) -> None:
+    def _requantize_from(self, value: torch.Tensor, amax: Optional[torch.Tensor] = None) -> None:
+        # (amax: the per-tensor scale of a shard group; tiles take their scales from their own
+        # values, so a shard's tiles need no group-wide amax)
         q, q_t = _quantize(value.to(self.dtype), self._data.dtype, self._pow2_scales)
         self._data.copy_(q.data)
         self._scale_inv.copy_(q.scale_inv)
         self._columnwise[0].copy_(q_t.data)
         self._columnwise[1].copy_(q_t.scale_inv)
+
+    def fsdp_pre_all_gather(self, *args, **kwargs):
+        """Not implemented for tile-quantized weights: FSDP2 shards of 128x128 tiles would split
+        tiles across ranks. Raises NotImplementedError."""
+        raise NotImplementedError("transformer_engine.pytorch.tensor.Float8BlockwiseQTensor: FSDP2 "
+                                  "sharding of tile-quantized weights is not implemented; build the "
+                                  "model in high precision or with Float8CurrentScaling weights")
 
     def __repr__(self, *, tensor_contents=None):
         return (f"Float8BlockwiseQTensor(fp8_dtype={self._data.dtype}, tiles=128x128, "

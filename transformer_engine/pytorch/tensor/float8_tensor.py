@@ -21,27 +21,12 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_map
 
-from ...common import fp8_formats
 from ..constants import DType, torch_dtype_of
+from .current_scaling import fp8_max_of_dtype  # noqa: F401  (its old home)
+from .current_scaling import quantize_current as _quantize_current
 from .quantized_tensor import QuantizedTensor, copy_user_attributes
 
 aten = torch.ops.aten
-
-
-def fp8_max_of_dtype(fp8_dtype: torch.dtype) -> float:
-    fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
-    return fp8_formats.fp8_max(fmt, flavor)
-
-
-def _quantize_current(x: torch.Tensor, fp8_dtype: torch.dtype):
-    """(fp8 data, scale_inv) of x with scale = fp8_max / amax(x), all on x's device."""
-    from ..kernels import quantize
-    from ..quantization import scale_from_amax
-    x = x.contiguous()
-    amax = x.abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
-    scale = scale_from_amax(amax, torch.full((1,), fp8_max_of_dtype(fp8_dtype), device=x.device), False)
-    data, scale_inv = quantize(x, scale.contiguous(), fp8_dtype)
-    return data, scale_inv
 
 
 class Float8Tensor(QuantizedTensor):
@@ -187,8 +172,8 @@ class Float8Tensor(QuantizedTensor):
         self._scale_inv.copy_(src._scale_inv)
         self._transpose_cache = None
 
-    def _requantize_from(self, value: torch.Tensor) -> None:
-        data, scale_inv = _quantize_current(value.to(self.dtype), self._data.dtype)
+    def _requantize_from(self, value: torch.Tensor, amax: Optional[torch.Tensor] = None) -> None:
+        data, scale_inv = _quantize_current(value.to(self.dtype), self._data.dtype, amax)
         self._data.copy_(data)
         self._scale_inv.copy_(scale_inv)
         self._transpose_cache = None
@@ -200,9 +185,86 @@ class Float8Tensor(QuantizedTensor):
     def __reduce_ex__(self, protocol):
         return (_rebuild_float8_tensor, (self._data, self._scale_inv, self.dtype, self.requires_grad))
 
+    # FSDP2's all-gather extension points (see tensor/float8_fsdp.py): the shard travels as FP8
+    def fsdp_pre_all_gather(self, mesh, orig_size, contiguous_orig_stride, module, mp_policy):
+        """What fully_shard all-gathers for this shard: its FP8 bytes and inverse scale.
+
+        Parameters
+        ----------
+        mesh : torch.distributed.device_mesh.DeviceMesh
+            The mesh the parameter is sharded over.
+        orig_size : torch.Size
+            The unsharded parameter's shape.
+        contiguous_orig_stride : tuple of int
+            Its contiguous strides (unused: the gathered weight is contiguous).
+        module : torch.nn.Module
+            The module owning the parameter (unused).
+        mp_policy : torch.distributed.fsdp.MixedPrecisionPolicy
+            The mixed-precision policy; its ``param_dtype`` is the dtype of the fallback gather
+            of a weight the mesh does not split evenly.
+
+        Returns
+        -------
+        tuple
+            (all-gather inputs, metadata passed to :meth:`fsdp_post_all_gather`).
+        """
+        from .float8_fsdp import pre_all_gather
+        return pre_all_gather(self, mesh, orig_size, module, mp_policy)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded Float8Tensor from what fully_shard gathered (one inverse scale for the
+        whole weight).
+
+        Parameters
+        ----------
+        all_gather_outputs : tuple of torch.Tensor
+            The gathered inputs of :meth:`fsdp_pre_all_gather`, in its order.
+        metadata : tuple
+            The metadata :meth:`fsdp_pre_all_gather` returned.
+        param_dtype : torch.dtype
+            The nominal dtype of the unsharded weight.
+        out : Float8Tensor, optional
+            The unsharded weight of an earlier gather, updated in place.
+
+        Returns
+        -------
+        tuple or None
+            (unsharded Float8Tensor, tensors whose storage FSDP frees between gathers), or None
+            when ``out`` is given.
+        """
+        from .float8_fsdp import post_all_gather
+        return post_all_gather(Float8Tensor, all_gather_outputs, metadata, param_dtype, out)
+
+    def _view_of(self, data: torch.Tensor) -> "Float8Tensor":
+        """A Float8Tensor over a view of this one's data that shares its inverse scale (so a copy_
+        into a slice, as FSDP does into its padded shard, sets the whole tensor's scale)."""
+        out = Float8Tensor(data, self._scale_inv, self.dtype)
+        out._quantizer = self._quantizer
+        return copy_user_attributes(self, out)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _VIEW_OPS and type(args[0]) is Float8Tensor:
+            # shape-only ops stay in FP8 (FSDP shards and pads a parameter with these); one
+            # scale per tensor only (a view of tiles is a plain tensor, below)
+            src = args[0]
+            res = func(src._data, *args[1:], **kwargs)
+            if isinstance(res, (list, tuple)):
+                return type(res)(src._view_of(r) for r in res)
+            out = src._view_of(res)
+            if (res.shape == src._data.shape and res.stride() == src._data.stride()
+                    and res.storage_offset() == src._data.storage_offset()):
+                out._transpose_cache = src._transpose_cache  # the same elements: still valid
+            return out
+        if func is aten.new_zeros.default and type(args[0]) is Float8Tensor \
+                and kwargs.get("dtype") in (None, args[0].dtype):
+            src = args[0]
+            data = torch.zeros(tuple(args[1]), dtype=src._data.dtype,
+                               device=kwargs.get("device") or src.device)
+            out = Float8Tensor(data, src._scale_inv.clone().to(data.device), src.dtype)
+            out._quantizer = src._quantizer
+            return out
         if func in (aten.detach.default, aten.alias.default):
             src = args[0]
             out = src._map_storage(lambda t: t, src.dtype)
@@ -223,20 +285,42 @@ class Float8Tensor(QuantizedTensor):
             if type(src) is type(dst) and src._data.dtype == dst._data.dtype:
                 dst._copy_storage_from(src)
             else:
-                dst._requantize_from(src.dequantize() if isinstance(src, Float8Tensor) else src)
+                _requantize_written(dst, src.dequantize() if isinstance(src, Float8Tensor) else src)
             return dst
         plain = tree_map(lambda a: a.dequantize() if isinstance(a, Float8Tensor) else a, (args, kwargs))
         result = func(*plain[0], **plain[1])
-        mutable = func._schema.is_mutable and args and isinstance(args[0], Float8Tensor)
-        if mutable:
-            # in-place op (e.g. an optimizer's add_): the result lives in the dequantised copy
-            args[0]._requantize_from(plain[0][0])
-            return args[0]
+        if func._schema.is_mutable:
+            # in-place op (an optimizer's add_, or its _foreach_ form over a list of parameters):
+            # the result lives in the dequantised copies, which are quantised back
+            for i, arg in enumerate(func._schema.arguments[:len(args)]):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    _requantize_written(args[i], plain[0][i])
+            if args and isinstance(args[0], Float8Tensor):
+                return args[0]
         return result
+
+
+# ops that only re-describe the data's shape: applied to the FP8 data, the scale shared
+_VIEW_OPS = frozenset({aten.view.default, aten._unsafe_view.default, aten.as_strided.default,
+                       aten.slice.Tensor, aten.split.Tensor, aten.split_with_sizes.default})
+
+
+def _requantize_written(original, updated) -> None:
+    """Quantises the new values of an in-place op back into the Float8Tensor(s) it wrote."""
+    from .float8_fsdp import requantize_together
+    if isinstance(original, Float8Tensor):
+        requantize_together([(original, updated)])
+    elif isinstance(original, (list, tuple)):
+        requantize_together([(o, u) for o, u in zip(original, updated) if isinstance(o, Float8Tensor)])
 
 
 def _rebuild_float8_tensor(data, scale_inv, dtype, requires_grad):
     return Float8Tensor(data, scale_inv, dtype, requires_grad)
+
+
+# torch.load(weights_only=True), which torch.distributed.checkpoint's loader uses, accepts only
+# allowlisted callables; this one builds a Float8Tensor from two tensors, a dtype and a bool
+torch.serialization.add_safe_globals([_rebuild_float8_tensor])
 
 
 # ----- quantizers ---------------------------------------------------------------------------------
