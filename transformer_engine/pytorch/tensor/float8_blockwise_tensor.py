@@ -115,7 +115,15 @@ class Float8BlockwiseQTensor(Float8Tensor):
 
     def fsdp_pre_all_gather(self, *args, **kwargs):
         """Not implemented for tile-quantized weights: FSDP2 shards of 128x128 tiles would split
-        tiles across ranks. Raises NotImplementedError."""
+        tiles across ranks. Raises NotImplementedError.
+
+        Parameters
+        ----------
+        *args
+            FSDP2's arguments (mesh, shapes, module, ...), unused.
+        **kwargs
+            Unused.
+        """
         raise NotImplementedError("transformer_engine.pytorch.tensor.Float8BlockwiseQTensor: FSDP2 "
                                   "sharding of tile-quantized weights is not implemented; build the "
                                   "model in high precision or with Float8CurrentScaling weights")
