@@ -31,8 +31,29 @@ T, FIN, FOUT = 64, 1024, 1024
 DT = torch.bfloat16
 
 
+class _NoOpPlan:
+    """Stands in for the native LinearFp8Plan: its sizes, no regions, no-op calls."""
+
+    def __init__(self, tokens, in_features, out_features, dtype, w_dtype, wq_dtype, fp8_fwd,
+                 fp8_bwd, fresh_w, need_dgrad, need_wgrad, dbias_dtype, *scaling):
+        self.tokens, self.in_features, self.out_features = tokens, in_features, out_features
+        self.fresh_w, self.need_dgrad, self.need_wgrad = fresh_w, need_dgrad, need_wgrad
+        self.dbias_in_cast = dbias_dtype >= 0
+        self.kept_bytes = 512 + tokens * in_features + out_features * in_features
+        self.forward_scratch_bytes = tokens * in_features + out_features * in_features
+        self.backward_scratch_bytes = 2 * tokens * out_features + 512
+        self.regions = {}
+
+    def forward(self, *args):
+        pass
+
+    def backward(self, *args):
+        pass
+
+
 class _NoOpModule:
     """Stands in for the native module: every call returns nothing (workspace queries: 16)."""
+    LinearFp8Plan = _NoOpPlan
 
     def __getattr__(self, name):
         if name.endswith("_workspace"):
