@@ -14,7 +14,7 @@
 // queued).
 //
 // Each call keeps the GIL while it launches (pybind11's default): the per-stream scratch of the
-// eager path (kernels/native_call.py, call_scratch) relies on no other Python thread launching
+// eager path (kernels/eager.py, call_scratch) relies on no other Python thread launching
 // between the kernels of one call.
 #include "linear_step.h"
 
@@ -59,7 +59,7 @@ NVTETensor vector(uintptr_t data, int64_t n, int dtype) {
 // times that on a slow, shared host):
 //   scaling: a recipe state's (history, scale, scale_inv, fp8_max, counter[, skipped]) of one
 //            direction (RecipeState.ptrs_fwd / ptrs_bwd in transformer_engine/pytorch/quantization.py)
-//   env:     the call's (workspace, workspace bytes, stream) (kernels/native_call.py, NativeCall.env)
+//   env:     the call's (workspace, workspace bytes, stream) (kernels/eager.py, NativeCall.env)
 uintptr_t int_at(const py::tuple& t, size_t i) {
   const unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t.ptr(), i));
   if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw py::error_already_set();

@@ -193,7 +193,7 @@ def test_direct_path_matches_checked_ops(monkeypatch, rname, bias):
     current scales in one launch, the step's delayed update riding the last backward, the
     forward update deferred to it) gives the bits of the checked ops, step after step: outputs,
     gradients, scales and histories."""
-    from transformer_engine.pytorch.module import _fast
+    from transformer_engine.pytorch.kernels import eager
     r = recipe.DelayedScaling(amax_history_len=3) if rname == "delayed" else recipe.Float8CurrentScaling()
     mods = [_linear("cuda", torch.bfloat16, seed=4, bias=bias) for _ in range(2)]
     for step in range(3):
@@ -203,7 +203,7 @@ def test_direct_path_matches_checked_ops(monkeypatch, rname, bias):
         for k, m in enumerate(mods):
             with monkeypatch.context() as mp:
                 if k == 1:
-                    mp.setattr(_fast, "native_call", lambda _x: None)
+                    mp.setattr(eager, "native_call", lambda _x: None)
                 xi = x.clone().requires_grad_()
                 with te.fp8_autocast(fp8_recipe=r):
                     y = m(xi)
@@ -215,7 +215,7 @@ def test_direct_path_matches_checked_ops(monkeypatch, rname, bias):
             m.zero_grad(set_to_none=True)
         for a, b in zip(results[0][:-1], results[1][:-1]):
             assert torch.equal(a, b), (step, a, b)
-        if bias:  # fp32 column sums in another order (see module/_fast.py): last bit may differ
+        if bias:  # fp32 column sums in another order (see kernels/eager.py): last bit may differ
             torch.testing.assert_close(results[0][-1], results[1][-1])
     assert not quantization._DEFERRED
 
@@ -229,7 +229,7 @@ def test_direct_path_variants_match_checked_ops(monkeypatch, variant, rname):
     operand), an input without a gradient (no dgrad), the weight gradient accumulated into an
     fp32 main_grad, and a checkpointed call (the recompute's forward on the checked ops, then
     the direct backward on the tensors it saved)."""
-    from transformer_engine.pytorch.module import _fast
+    from transformer_engine.pytorch.kernels import eager
     r = recipe.DelayedScaling(amax_history_len=3) if rname == "delayed" else recipe.Float8CurrentScaling()
     kw = dict(fuse_wgrad_accumulation=True) if variant == "main_grad" else {}
     mods = [_linear("cuda", torch.bfloat16, seed=6, bias=True, **kw) for _ in range(2)]
@@ -243,7 +243,7 @@ def test_direct_path_variants_match_checked_ops(monkeypatch, variant, rname):
         for k, m in enumerate(mods):
             with monkeypatch.context() as mp:
                 if k == 1:
-                    mp.setattr(_fast, "native_call", lambda _x: None)
+                    mp.setattr(eager, "native_call", lambda _x: None)
                 xi = x.clone().requires_grad_(variant != "no_dgrad")
                 with te.fp8_autocast(fp8_recipe=r):
                     if variant == "microbatch":
@@ -261,7 +261,7 @@ def test_direct_path_variants_match_checked_ops(monkeypatch, variant, rname):
         assert (results[0][1] is None) == (variant == "no_dgrad")
         for a, b in zip(results[0][:-1], results[1][:-1]):
             assert (a is None and b is None) or torch.equal(a, b), (variant, step, a, b)
-        # fp32 column sums in another order (see module/_fast.py): last bit may differ
+        # fp32 column sums in another order (see kernels/eager.py): last bit may differ
         torch.testing.assert_close(results[0][-1], results[1][-1])
     assert not quantization._DEFERRED
 

@@ -631,23 +631,23 @@ def test_gemm_addend_tuned_plan():
 @requires_native_gpu
 @pytest.mark.parametrize("bias", [False, True])
 def test_fast_gemm_addend(bias):
-    """module/_fast.gemm(addend=...): the modules' direct call, same result as general_gemm."""
-    from transformer_engine.pytorch.module import _fast
+    """gemm_unchecked(addend=...): the modules' eager native call, same result as general_gemm."""
+    from transformer_engine.pytorch.kernels.eager import native_call
     m, n, k = 64, 48, 80
     W = randn((m, k), torch.bfloat16, "cuda", seed=51)
     X = randn((n, k), torch.bfloat16, "cuda", seed=52)
     R = randn((n, m), torch.bfloat16, "cuda", seed=53)
     b = randn((m,), torch.bfloat16, "cuda", seed=54) if bias else None
-    nc = _fast.native_call(X)
+    nc = native_call(X)
     out = torch.full((n, m), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _fast.gemm(nc, W, True, X, False, out, bias=b, addend=R)
+    kernels.gemm.gemm_unchecked(nc, W, True, X, False, out, bias=b, addend=R)
     want = kernels.general_gemm(W, X, layout="TN", bias=b, addend=R).out
     assert torch.equal(out, want)
     ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=b)
     assert_gemm_close(out, ref, absprod, torch.bfloat16,
                       extra=1.13 * tols(torch.bfloat16)["rtol"] * summands)
-    with pytest.raises(ValueError, match="addend and beta=1.0"):
-        _fast.gemm(nc, W, True, X, False, out, beta=1.0, addend=R)
+    with pytest.raises(ValueError, match="gemm_unchecked: addend and beta=1.0"):
+        kernels.gemm.gemm_unchecked(nc, W, True, X, False, out, beta=1.0, addend=R)
 
 
 @requires_native_gpu
@@ -657,7 +657,7 @@ def test_fast_gemm_addend(bias):
 def test_linear_hp_forward_residual(dtype, bias):
     """linear_hp_forward(..., residual, env): y = x W^T (+ b) + residual in the one GEMM, equal to
     the call without a residual plus the residual (to the output's rounding)."""
-    from transformer_engine.pytorch.kernels.native_call import native_call
+    from transformer_engine.pytorch.kernels.eager import native_call
     tokens, fin, fout = 48, 64, 96
     x = randn((tokens, fin), dtype, "cuda", seed=61)
     w = randn((fout, fin), dtype, "cuda", seed=62)
@@ -718,7 +718,7 @@ def test_linear_fp8_forward_residual(bias):
     """LinearFp8Plan.forward(..., residual, env): x and W cast to E4M3 (delayed scaling, scale 1),
     y = xq wq^T (+ b) + residual in the one FP8 GEMM, equal to the call without a residual plus
     the residual (to bf16 rounding)."""
-    from transformer_engine.pytorch.kernels.native_call import native_call
+    from transformer_engine.pytorch.kernels.eager import native_call
     tokens, fin, fout = 32, 64, 48
     dev = "cuda"
     if native.capability(torch.device(dev)).fp8_flavor is None:
@@ -761,7 +761,7 @@ def test_linear_fp8_plan_layout(need_dgrad, need_wgrad, dbias):
     """The plan's arenas: every region on a 256-byte boundary, inside its arena, apart from the
     others, and present exactly when the step needs it; arguments it cannot serve raise
     ValueError naming LinearFp8Plan."""
-    from transformer_engine.pytorch.kernels.native_call import native_call
+    from transformer_engine.pytorch.kernels.eager import native_call
     dev = "cuda"
     if native.capability(torch.device(dev)).fp8_flavor is None:
         pytest.skip("no FP8 on this device")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import native
-from .native_call import arena, call_scratch, region_view, step_grads
+from .eager import arena, call_scratch, region_view, step_grads
 
 _CODE = native.DTYPE_CODE
 _MAX_PLANS = 64  # per recipe state: varying token counts make new plans; keep the table small

@@ -11,9 +11,11 @@ from typing import Optional
 import torch
 
 from ..library import dispatch as K
-from . import _fast
 from ._reduce import bias_grad_of
 from ..quantization import FP8GlobalState, RecipeState
+from ..kernels import eager
+from ..kernels.cast import cast_unchecked, transpose_unchecked
+from ..kernels.cast_fused import cast_transpose_dbias_unchecked
 
 
 def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
@@ -44,9 +46,9 @@ def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
     """(data, data_t or None, scale_inv) of a 2-D tensor."""
     if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
             rs.delayed or not rs.recipe.use_power_2_scales):
-        nc = _fast.native_call(x)
+        nc = eager.native_call(x)
         if nc is not None:  # eager on the native core: the direct calls, same kernels and bits
-            return _fast.cast(nc, rs, x, forward, slot, need_transpose)
+            return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
     scale, amax = cast_scale(rs, x, forward, slot, replay)
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
@@ -60,10 +62,10 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
     """(dyq, dyq_t or None, scale_inv, db or None) of an output gradient (backward slot 0). With a
     bias gradient to make (db_dtype not None) and a transpose wanted, on the direct path, one
     kernel casts, transposes and sums the columns; otherwise the cast, then an fp32 column sum."""
-    if db_dtype is not None and need_transpose and _fast.usable_backward(fi) and dy.dim() == 2:
-        nc = _fast.native_call(dy)
+    if db_dtype is not None and need_transpose and eager.usable_backward(fi) and dy.dim() == 2:
+        nc = eager.native_call(dy)
         if nc is not None:
-            dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, fi.rs, dy, 0, db_dtype)
+            dyq, dyq_t, db, dy_sinv = cast_transpose_dbias_unchecked(nc, fi.rs, dy, 0, db_dtype)
             return dyq, dyq_t, dy_sinv, db
     db = None
     if db_dtype is not None:
@@ -73,9 +75,9 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
 
 
 def transposed(data: torch.Tensor) -> torch.Tensor:
-    nc = _fast.native_call(data) if data.dim() == 2 else None
+    nc = eager.native_call(data) if data.dim() == 2 else None
     if nc is not None:
-        return _fast.transpose(nc, data)
+        return transpose_unchecked(nc, data)
     return K.transpose(data)
 
 

@@ -14,9 +14,11 @@ import torch
 from ..library import dispatch as K
 from ..kernels.gemm import GemmOutput
 from ..tensor import Float8Tensor
-from . import _fast
 from ._casts import cast, transposed
 from ._reduce import bias_grad_of
+from ..kernels import eager
+from ..kernels.cast import cast_unchecked
+from ..kernels.gemm import gemm_unchecked
 
 
 def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
@@ -32,7 +34,7 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
             cache[slot] = (data, data_t, scale_inv)
         return data, data_t, scale_inv
     if nc is not None:
-        data, data_t, scale_inv = _fast.cast(nc, fi.rs, weight.contiguous(), True, slot, need_transpose)
+        data, data_t, scale_inv = cast_unchecked(nc, fi.rs, weight.contiguous(), True, slot, need_transpose)
     else:
         data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
                                        fi.replay, fi.record)
@@ -44,8 +46,8 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
 
 
 def _direct(x):
-    """The direct native call for an eager 2-D GEMM operand (see _fast.py), else None."""
-    return _fast.native_call(x) if x.dim() == 2 else None
+    """The direct native call for an eager 2-D GEMM operand (kernels/eager.py), else None."""
+    return eager.native_call(x) if x.dim() == 2 else None
 
 
 def _bias_for(bias, dtype):
@@ -70,7 +72,7 @@ def fprop_hp(w, x2d, bias=None, addend=None, out=None):
         return _into(out, K.general_gemm(w, x2d, layout="TN", bias=bias, addend=addend).out)
     if out is None:
         out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
-    return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
+    return gemm_unchecked(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
 
 
 def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=None, out=None):
@@ -78,7 +80,7 @@ def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=N
     if nc is not None:
         if out is None:
             out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
-        return GemmOutput(_fast.gemm(nc, wq, True, xq, False, out, w_sinv, x_sinv,
+        return GemmOutput(gemm_unchecked(nc, wq, True, xq, False, out, w_sinv, x_sinv,
                                        _bias_for(bias, out_dtype), addend=addend), None, None)
     res = K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
                          bias=bias, gelu=gelu, addend=addend)
@@ -90,7 +92,7 @@ def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype, out=None):
     if nc is not None:
         if out is None:
             out = torch.empty(dyq.shape[0], wq_t.shape[0], dtype=out_dtype, device=dyq.device)
-        return _fast.gemm(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
+        return gemm_unchecked(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
     return _into(out, K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
                                      B_scale_inv=dy_sinv).out)
 
@@ -112,7 +114,7 @@ def wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, out_dtype, weight, fuse):
     if nc is not None:
         if out is None:
             out = torch.empty(dyq_t.shape[0], xq_t.shape[0], dtype=out_dtype, device=dyq_t.device)
-        _fast.gemm(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0 if acc else 0.0,
+        gemm_unchecked(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0 if acc else 0.0,
                    fast_accum=False)
         return None if fuse else out
     res = K.general_gemm(xq_t, dyq_t, out.dtype if out is not None else out_dtype, layout="TN",
@@ -131,7 +133,7 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
     if nc is not None:
         if out is None:
             out = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
-        _fast.gemm(nc, x2d, False, dy2d, True, out, beta=1.0 if acc else 0.0)
+        gemm_unchecked(nc, x2d, False, dy2d, True, out, beta=1.0 if acc else 0.0)
         return None if fuse else out
     res = K.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
                            out=out, accumulate=acc).out
@@ -161,7 +163,7 @@ def wgrad_bgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int,
                 bias_grad_of(dy2d, bias_dtype))
     db = torch.empty(out_features, dtype=bias_dtype, device=dy2d.device)
     dw = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
-    _fast.gemm(nc, x2d, False, dy2d, True, dw, bias_grad=db)
+    gemm_unchecked(nc, x2d, False, dy2d, True, dw, bias_grad=db)
     return dw, db
 
 
@@ -170,5 +172,5 @@ def dgrad_hp(w, dy2d, out=None):
     if nc is not None:
         if out is None:
             out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
-        return _fast.gemm(nc, w, False, dy2d, False, out)
+        return gemm_unchecked(nc, w, False, dy2d, False, out)
     return _into(out, K.general_gemm(w, dy2d, layout="NN").out)

@@ -7,8 +7,9 @@ import torch
 
 from ..library import dispatch as K
 from ..kernels.normalization import NormOutput
-from . import _fast
 from ._casts import cast, cast_scale, record_scale, transposed
+from ..kernels import eager
+from ..kernels.normalization import norm_bwd_unchecked, norm_fwd_unchecked
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -35,7 +36,7 @@ def reset_norm_params(weight, bias, zero_centered_gamma):
 
 
 def _direct(x2d, gamma, beta):
-    """The direct native call (_fast.py) when the checked op would accept these operands as
+    """The eager native call (kernels/eager.py) when the checked op would accept these operands as
     they are (2-D contiguous x, gamma/beta in x's dtype or fp32 on its device), else None."""
     if x2d.dim() != 2 or not x2d.is_contiguous() or x2d.shape[1] < 1:
         return None
@@ -43,14 +44,14 @@ def _direct(x2d, gamma, beta):
         if w is not None and (w.dtype not in (x2d.dtype, torch.float32) or not w.is_contiguous()
                               or w.numel() != x2d.shape[1] or w.device != x2d.device):
             return None
-    return _fast.native_call(x2d)
+    return eager.native_call(x2d)
 
 
 def norm_hp(normalization, x2d, gamma, beta, eps, zcg):
     rms = normalization == "RMSNorm"
     nc = _direct(x2d, gamma, None if rms else beta)
     if nc is not None:
-        return NormOutput(*_fast.norm_fwd(nc, rms, x2d, gamma, beta, eps, bool(zcg)))
+        return NormOutput(*norm_fwd_unchecked(nc, rms, x2d, gamma, beta, eps, bool(zcg)))
     return K.norm_fwd(rms, x2d, gamma, beta, eps, zcg)
 
 
@@ -64,7 +65,7 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
         rms = normalization == "RMSNorm"
         nc = _direct(x2d, gamma, None if rms else beta)
         if nc is not None:
-            res = NormOutput(*_fast.norm_fwd(nc, rms, x2d, gamma, beta, eps, bool(zcg), **kw))
+            res = NormOutput(*norm_fwd_unchecked(nc, rms, x2d, gamma, beta, eps, bool(zcg), **kw))
         else:
             res = K.norm_fwd(rms, x2d, gamma, beta, eps, zcg, **kw)
         data_t = transposed(res.out) if need_transpose else None
@@ -81,7 +82,7 @@ def norm_backward(normalization, dz, x2d, mu, rsigma, gamma, zcg, dresidual=None
     nc = (_direct(x2d, gamma, None) if dz.dtype == x2d.dtype and dz.shape == x2d.shape
           and dz.is_contiguous() else None)
     if nc is not None:
-        return _fast.norm_bwd(nc, rms, dz, x2d, mu, rsigma, gamma, bool(zcg), dresidual)
+        return norm_bwd_unchecked(nc, rms, dz, x2d, mu, rsigma, gamma, bool(zcg), dresidual)
     return K.norm_bwd(rms, dz, x2d, mu, rsigma, gamma, zcg, dresidual)
 
 

@@ -6,8 +6,9 @@ current scaling needs the activation's amax first: activation, then cast+transpo
 with bias. Backward: dy cast+transposed with FC2's bias gradient in one pass, FC2 dgrad, then
 one kernel for dact + FC1's bias gradient + FP8 cast + transpose (delayed scaling), FC1
 dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue (its aux output
-is the saved pre-activation). On the native core in eager mode these run as direct calls
-(_fast.py); the checked ops serve torch.compile, checkpoint recompute and the reference."""
+is the saved pre-activation). On the native core in eager mode these run as the unchecked calls
+of kernels/<family>.py; the checked ops serve torch.compile, checkpoint recompute and the
+reference."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -19,10 +20,13 @@ from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
 from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
 from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from ..kernels import eager
+from ..kernels.activation import activation_fp8_unchecked, dbias_dactivation_fp8_unchecked
+from ..kernels.cast_fused import act_cast_transpose_unchecked, dact_dbias_cast_transpose_unchecked
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED) + (CLAMPED_SWIGLU,)
 
@@ -50,12 +54,12 @@ def _act_backward(module, da, h):
 
 
 def _direct(fi, h, backward=False):
-    """The direct native call (_fast.py) for the fused FP8 kernels that use the module's own scale
+    """The eager native call (kernels/eager.py) for the fused FP8 kernels that use the module's own scale
     (in the forward, not a checkpoint's recorded one), else None."""
-    ok = _fast.usable_backward(fi) if backward else _fast.usable(fi)
+    ok = eager.usable_backward(fi) if backward else eager.usable(fi)
     if not ok or h.dim() != 2 or not h.is_contiguous():
         return None
-    return _fast.native_call(h)
+    return eager.native_call(h)
 
 
 def _act_fp8(module, fi, h, activation, slot):
@@ -64,10 +68,10 @@ def _act_fp8(module, fi, h, activation, slot):
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
-        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous()
+        nc = (eager.native_call(h) if h.dim() == 2 and h.is_contiguous()
               and activation != CLAMPED_SWIGLU else None)
         if nc is not None:
-            return _fast.activation_fp8(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
+            return activation_fp8_unchecked(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
                                         activation in GATED, fi.rs.fwd_dtype, scale, amax)
         return _act_forward(module, h, fi.rs.fwd_dtype, scale, amax)
     a = _act_forward(module, h)
@@ -84,7 +88,7 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
     nc = _direct(fi, h) if fi.rs.delayed and need["w2"] and act != CLAMPED_SWIGLU else None
     if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
-        aq, aq_t, a_sinv = _fast.act_cast_transpose(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
+        aq, aq_t, a_sinv = act_cast_transpose_unchecked(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
                                                     act in GATED, 2)
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
@@ -140,16 +144,16 @@ def _dact_fp8(ctx, da, h, need_transpose):
     nc = (_direct(ctx.fi, h, backward=True) if rs.delayed and need_transpose and da.is_contiguous()
           and da.dtype == h.dtype and act != CLAMPED_SWIGLU else None)
     if nc is not None:  # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass
-        dhq, dhq_t, db1, dh_sinv = _fast.dact_dbias_cast_transpose(
+        dhq, dhq_t, db1, dh_sinv = dact_dbias_cast_transpose_unchecked(
             nc, rs, da, h, ACTIVATIONS[GATED.get(act, act)], act in GATED, 1,
             h.dtype if ctx.b1_grad else None)
         return dhq, dhq_t, dh_sinv, db1
     if rs.delayed and not _gated(act):
         scale, amax = cast_scale(rs, None, False, 1, None)
-        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
+        nc = (eager.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
               and da.dtype == h.dtype else None)
         if nc is not None:
-            dhq, db1, dh_sinv = _fast.dbias_dact_fp8(nc, da, h, ACTIVATIONS[act], h.dtype,
+            dhq, db1, dh_sinv = dbias_dactivation_fp8_unchecked(nc, da, h, ACTIVATIONS[act], h.dtype,
                                                      rs.bwd_dtype, scale, amax)
         else:
             dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale,

@@ -12,9 +12,10 @@ from .base import TransformerEngineBaseModule, default_device, default_init_meth
 from ..tensor import Float8Tensor
 from ..library import dispatch as K
 from ..kernels import linear_step
-from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
+from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
 from ._casts import cast, check_fp8_dims, record_amax
 from ._nv_options import check_off
+from ..kernels import eager
 
 
 class _LinearFn(torch.autograd.Function):
@@ -96,7 +97,7 @@ class _LinearFn(torch.autograd.Function):
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
         # a delayed weight gradient takes the checked ops (its GEMM runs later, in backward_dw)
-        nc = (_fast.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and _fast.usable_backward(fi)
+        nc = (eager.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and eager.usable_backward(fi)
               and not ctx.delay else None)
         # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
         # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
@@ -545,7 +546,7 @@ class Linear(TransformerEngineBaseModule):
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
         # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
-        nc = (_fast.native_call(inp) if _fast.usable(fi) and not self.delay_wgrad_compute
+        nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
               else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)

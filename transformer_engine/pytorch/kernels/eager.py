@@ -67,6 +67,21 @@ def native_call_again(forward_call, x: torch.Tensor):
     return forward_call
 
 
+def usable_backward(fi) -> bool:
+    """Backward casts use the module's own backward scales, never recorded or replayed ones, so a
+    checkpointed step takes the same backward kernels as a plain one (bit-exact equality); only
+    power-of-2 current scaling takes the checked ops."""
+    return fi.rs is None or fi.rs.delayed or not fi.rs.recipe.use_power_2_scales
+
+
+def usable(fi) -> bool:
+    """The fast path covers plain FP8/high-precision calls; calibration, checkpoint recompute
+    and power-of-2 current scaling take the checked ops."""
+    if fi.calibrating or fi.replay is not None or fi.record is not None:
+        return False
+    return fi.rs is None or fi.rs.delayed or not fi.rs.recipe.use_power_2_scales
+
+
 def stream_capturing(stream: int) -> bool:
     """Whether the current stream (handle `stream`) is being captured into a graph. The legacy
     default stream (handle 0) never is (CUDA refuses it): no query there."""
