@@ -20,7 +20,7 @@ from ..kernels import blockwise as B
 from ..kernels.activation import CLAMPED_SWIGLU, apply_activation, apply_clamped_swiglu
 from ..kernels.normalization import layernorm, rmsnorm
 from ..quantization import FP8GlobalState
-from ._norm import param_for
+from ._norm_args import param_for
 from .base import hp_weight
 
 

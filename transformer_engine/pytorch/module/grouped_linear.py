@@ -18,9 +18,13 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
-from . import _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, check_fp8_dims, record_amax
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, record_amax
+from . import _parallel, _wgrad
+from ._input_check import check_fp8_dims
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
 
 _NAME = "GroupedLinear"
 
@@ -73,7 +77,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             x_i = x2d[rows]
             if fp8:
                 xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i], fi.replay, fi.record)
-                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
+                wq, wq_t, w_sinv = fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
                                                      is_first_microbatch)
                 _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b, out=y[rows])
                 saved.append((xq_t, x_sinv, wq_t, w_sinv))
@@ -111,7 +115,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             start += m
             weight = ctx.weights[i]
             if ctx.bias_grad is not None and ctx.bias_grad[i]:
-                dbs[i] = (_reduce.bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
+                dbs[i] = (bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
                           torch.zeros(out_features, dtype=ctx.bias_dtypes[i], device=dy.device))
             if m == 0:
                 if ctx.need_wgrad[i]:

@@ -15,18 +15,24 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ._nv_options import check_off
-from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
+from ..kernels import eager
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
-from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
-from ..kernels import eager
 from ..kernels.activation import activation_fp8_unchecked, dbias_dactivation_fp8_unchecked
 from ..kernels.cast_fused import act_cast_transpose_unchecked, dact_dbias_cast_transpose_unchecked
+from ..library import dispatch as K
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scale, transposed
+from ..library.normalization import norm_backward
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
+from ._norm_args import check_normalization, param_for, reset_norm_params
+from ._nv_options import check_off
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
+from .layernorm_linear import norm_for_gemm
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED) + (CLAMPED_SWIGLU,)
 
@@ -84,7 +90,7 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     act = module.activation
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
-    w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
     nc = _direct(fi, h) if fi.rs.delayed and need["w2"] and act != CLAMPED_SWIGLU else None
     if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
@@ -93,7 +99,7 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
-    w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
+    w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, True, is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
@@ -124,7 +130,7 @@ def _dact(module, da, h, b1_grad, dtype):
     act = module.activation
     if _gated(act):
         dh = _act_backward(module, da, h)
-        return dh, (_reduce.bias_grad_of(dh, dtype) if b1_grad else None)
+        return dh, (bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 
@@ -241,7 +247,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
                     a_t, dy, ctx.weights[1], fuse, *w2_shape))
             if db2_dtype is not None and db2 is None:
-                db2 = _reduce.bias_grad_of(dy, db2_dtype)
+                db2 = bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:

@@ -8,14 +8,17 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import distributed as dist_te
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
-from ..tensor import Float8Tensor
+from ..kernels import eager, linear_step
 from ..library import dispatch as K
-from ..kernels import linear_step
-from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, check_fp8_dims, record_amax
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, record_amax
+from ..tensor import Float8Tensor
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
 from ._nv_options import check_off
-from ..kernels import eager
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
 
 
 class _LinearFn(torch.autograd.Function):
@@ -61,7 +64,7 @@ class _LinearFn(torch.autograd.Function):
                                       need_wgrad, is_first_microbatch, r2d)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
-                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
+                wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
@@ -108,7 +111,7 @@ class _LinearFn(torch.autograd.Function):
         # high precision on the direct path: linear_hp_backward makes the bias gradient too (the
         # epilogue, or the column-sum kernels in the same call)
         native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
-        db = (_reduce.bias_grad_of(dy, ctx.bias_dtype)
+        db = (bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
@@ -183,7 +186,7 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
         wq_t = w_sinv = None
         w_dtype, wq_dtype = w.dtype, rs.fwd_dtype
     else:
-        w, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch,
+        w, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch,
                                             nc)
         w_dtype = wq_dtype = w.dtype
     # dy's cast sums the bias gradient when the backward makes a weight gradient (the cast with

@@ -1,10 +1,12 @@
-"""The modules' bias gradients: column sums of the 2-D output gradient. Kept apart from the GEMM
-and cast steps, which both need it, so that neither imports the other for it."""
+"""The modules' bias gradients: column sums of a 2-D output gradient, in fp32 (the reduction of
+the activation family's dbias kernels): the unchecked native call in eager mode, the checked op
+(or its traced custom op) otherwise. Used by the GEMM and cast steps alike, so that neither
+imports the other for it."""
 from __future__ import annotations
 
 import torch
 
-from ..library import dispatch as K
+from . import dispatch as K
 from ..kernels import eager
 from ..kernels.activation import dbias_unchecked
 
