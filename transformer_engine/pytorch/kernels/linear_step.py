@@ -24,18 +24,32 @@ def _ptr(t) -> int:
     return t.data_ptr() if t is not None else 0
 
 
+class Fp8Plan:
+    """A native LinearFp8Plan with the fields the calls read kept as Python attributes (reading a
+    bound C++ field costs several times a slot's host time), and its forward / backward."""
+    __slots__ = ("native", "tokens", "in_features", "out_features", "fresh_w", "need_dgrad",
+                 "need_wgrad", "dbias_in_cast", "kept_bytes", "forward_scratch_bytes",
+                 "backward_scratch_bytes", "forward", "backward")
+
+    def __init__(self, plan):
+        self.native = plan
+        for name in self.__slots__[1:-2]:
+            setattr(self, name, getattr(plan, name))
+        self.forward, self.backward = plan.forward, plan.backward
+
+
 def fp8_plan(nc, rs, key):
-    """The LinearFp8Plan of key = (tokens, in_features, out_features, dtype, w_dtype, wq_dtype,
-    fresh_w, need_dgrad, need_wgrad, dbias_dtype), made on first use and kept on the recipe
-    state rs (whose scaling pointers it holds). dtypes are torch dtypes; w_dtype is the
-    high-precision weight's (fresh_w: cast by the forward), wq_dtype its FP8 data's; dbias_dtype
-    None: dy's cast makes no bias gradient."""
+    """The plan of key = (tokens, in_features, out_features, dtype, w_dtype, wq_dtype, fresh_w,
+    need_dgrad, need_wgrad, dbias_dtype), made on first use and kept on the recipe state rs
+    (whose scaling pointers it holds). dtypes are torch dtypes; w_dtype is the high-precision
+    weight's (fresh_w: cast by the forward), wq_dtype its FP8 data's; dbias_dtype None: dy's
+    cast makes no bias gradient."""
     plans = rs.step_plans
     plan = plans.get(key)
     if plan is None:
         if len(plans) >= _MAX_PLANS:
             plans.clear()
-        plan = plans[key] = _make_plan(nc, rs, *key)
+        plan = plans[key] = Fp8Plan(_make_plan(nc, rs, *key))
     return plan
 
 
@@ -64,7 +78,7 @@ def fp8_forward(nc, plan, x2d, w, w_sinv, bias, residual, dtype):
 def saved_operands(plan, kept, wq_t, w_sinv, fp8_dtype):
     """(xq_t, x_sinv, wq_t, w_sinv) of a forward as tensors: views of its kept buffer where the
     plan put them there, else the tensors given (the checked backward needs tensor objects)."""
-    regions = plan.regions
+    regions = plan.native.regions
     views = {}
     for name in ("x_t", "x_sinv", "w_t", "w_sinv"):
         r = regions.get(name)

@@ -3,7 +3,7 @@
 
     inp = [x_0; x_1; ...; x_{n-1}]   x_i: m_splits[i] rows        y_i = x_i @ W_i.T + b_i
 
-Each group runs the same GEMMs as te.Linear (see _gemms.py), in high precision or FP8, one
+Each group runs the same GEMMs as te.Linear (see library/gemm.py), in high precision or FP8, one
 after the other on the caller's stream, writing its rows of the output (and of the input
 gradient) in place: groups of different sizes need no padding in high
 precision, and FP8 (which needs every m_i to be a multiple of 16: see Fp8Padding) gives each

@@ -1,6 +1,9 @@
-"""te.Linear: y = x @ W.T + b as one autograd Function, in high precision or FP8 (see _gemms.py
-for the GEMMs; FP8: the input is cast and transposed in one pass, the weight's FP8 copy and
-transpose are cached per step with is_first_microbatch, the bias rides the GEMM epilogue)."""
+"""te.Linear: y = x @ W.T + b as one autograd Function, in high precision or FP8 (see
+library/gemm.py for the GEMMs; FP8: the input is cast and transposed in one pass, the weight's
+FP8 copy and transpose are cached per step with is_first_microbatch, the bias rides the GEMM
+epilogue). In eager mode on the native core each direction is one native call
+(kernels/linear_step.py); the checked ops serve torch.compile, checkpoint recompute and the
+reference backend."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -104,7 +107,7 @@ class _LinearFn(torch.autograd.Function):
               and not ctx.delay else None)
         # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
         # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
-        # into an fp32 main_grad; see _gemms.bias_grad_in_wgrad_epilogue)
+        # into an fp32 main_grad; see library/gemm.py, bias_grad_in_wgrad_epilogue)
         fused_db = nc is not None and ctx.need_wgrad and ctx.has_bias_grad and (
             ctx.fp8 or (not ctx.fuse and ctx.bias_dtype == ctx.dtype
                         and _gemms.bias_grad_in_wgrad_epilogue(dy)))
