@@ -152,8 +152,8 @@ _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
 def _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db):
     """dgrad, then wgrad, and the bias gradient in one native call (kernels/linear_step.py): the
     bias gradient in the wgrad GEMM's epilogue when fused_db, else by the column-sum kernels; a
-    wgrad accumulated into main_grad (fuse_wgrad_accumulation) follows through _gemms. Returns
-    (dx, dw, db)."""
+    wgrad accumulated into main_grad (fuse_wgrad_accumulation) follows (library/gemm.py).
+    Returns (dx, dw, db)."""
     _, out_features, in_features = ctx.shapes
     dx, dw, db = linear_step.hp_backward(
         nc, dy, x2d, w, in_features, ctx.dtype, ctx.need_dgrad, ctx.need_wgrad and not ctx.fuse,
@@ -189,8 +189,7 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
         wq_t = w_sinv = None
         w_dtype, wq_dtype = w.dtype, rs.fwd_dtype
     else:
-        w, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch,
-                                            nc)
+        w, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
         w_dtype = wq_dtype = w.dtype
     # dy's cast sums the bias gradient when the backward makes a weight gradient (the cast with
     # the transpose)
