@@ -78,6 +78,13 @@ def stand_in(monkeypatch):
     yield call
 
 
+def _frozen(m):
+    for name, p in m.named_parameters():
+        if name.endswith("weight") and "norm" not in name:
+            p.requires_grad_(False)
+    return m
+
+
 MODULES = {
     "Linear": lambda: te.Linear(H, F, params_dtype=torch.bfloat16),
     "Linear_no_bias": lambda: te.Linear(H, F, bias=False, params_dtype=torch.bfloat16),
@@ -93,6 +100,9 @@ MODULES = {
     "LayerNormMLP_relu_rms": lambda: te.LayerNormMLP(H, F, activation="relu", bias=False,
                                                      normalization="RMSNorm",
                                                      params_dtype=torch.bfloat16),
+    # frozen GEMM weights: no weight gradients, so no transposes (the unfused FP8 activations)
+    "LayerNormMLP_frozen": lambda: _frozen(te.LayerNormMLP(H, F, activation="gelu",
+                                                           params_dtype=torch.bfloat16)),
     "LayerNorm": lambda: te.LayerNorm(H, params_dtype=torch.bfloat16),
     "RMSNorm": lambda: te.RMSNorm(H, params_dtype=torch.bfloat16),
     "GroupedLinear": lambda: te.GroupedLinear(2, H, F, params_dtype=torch.bfloat16),

@@ -16,14 +16,12 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..checkpoint import checkpoint as _checkpoint
-from ..kernels import eager
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from ..kernels.activation import activation_fp8_unchecked, dbias_dactivation_fp8_unchecked
-from ..kernels.cast_fused import act_cast_transpose_unchecked, dact_dbias_cast_transpose_unchecked
 from ..library import dispatch as K
 from ..library import gemm as _gemms
-from ..library.activation import bias_grad_of
+from ..library.activation import (act_cast_transpose, activation_fp8, bias_grad_of,
+                                  dact_cast_transpose, dbias_dactivation_fp8)
 from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scale, transposed
 from ..library.normalization import norm_backward
 from . import _blockwise, _parallel, _wgrad
@@ -59,26 +57,14 @@ def _act_backward(module, da, h):
     return K.activation_backward(da, h, module.activation)
 
 
-def _direct(fi, h, backward=False):
-    """The eager native call (kernels/eager.py) for the fused FP8 kernels that use the module's own scale
-    (in the forward, not a checkpoint's recorded one), else None."""
-    ok = eager.usable_backward(fi) if backward else eager.usable(fi)
-    if not ok or h.dim() != 2 or not h.is_contiguous():
-        return None
-    return eager.native_call(h)
-
-
 def _act_fp8(module, fi, h, activation, slot):
     """(fp8 activation output, scale_inv): the activation kernel casts as it writes (delayed),
     or high precision then cast (current scaling needs the amax first)."""
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
-        nc = (eager.native_call(h) if h.dim() == 2 and h.is_contiguous()
-              and activation != CLAMPED_SWIGLU else None)
-        if nc is not None:
-            return activation_fp8_unchecked(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
-                                        activation in GATED, fi.rs.fwd_dtype, scale, amax)
+        if activation != CLAMPED_SWIGLU:
+            return activation_fp8(h, activation, fi.rs.fwd_dtype, scale, amax)
         return _act_forward(module, h, fi.rs.fwd_dtype, scale, amax)
     a = _act_forward(module, h)
     data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
@@ -92,10 +78,10 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
-    nc = _direct(fi, h) if fi.rs.delayed and need["w2"] and act != CLAMPED_SWIGLU else None
-    if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
-        aq, aq_t, a_sinv = act_cast_transpose_unchecked(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
-                                                    act in GATED, 2)
+    # activation, FP8 cast and FC2-wgrad transpose in one pass where the eager path serves it
+    fused = act_cast_transpose(fi, h, act, 2) if need["w2"] else None
+    if fused is not None:
+        aq, aq_t, a_sinv = fused
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
@@ -147,23 +133,15 @@ def _dact_fp8(ctx, da, h, need_transpose):
     path), or the dbias + dact kernel writing FP8 then a 1-byte transpose (plain activations).
     Otherwise high precision, then cast + transpose (current scaling needs dh's amax first)."""
     rs, act = ctx.fi.rs, ctx.module.activation
-    nc = (_direct(ctx.fi, h, backward=True) if rs.delayed and need_transpose and da.is_contiguous()
-          and da.dtype == h.dtype and act != CLAMPED_SWIGLU else None)
-    if nc is not None:  # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass
-        dhq, dhq_t, db1, dh_sinv = dact_dbias_cast_transpose_unchecked(
-            nc, rs, da, h, ACTIVATIONS[GATED.get(act, act)], act in GATED, 1,
-            h.dtype if ctx.b1_grad else None)
+    # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass where the eager path serves it
+    fused = (dact_cast_transpose(ctx.fi, da, h, act, 1, h.dtype if ctx.b1_grad else None)
+             if need_transpose else None)
+    if fused is not None:
+        dhq, dhq_t, db1, dh_sinv = fused
         return dhq, dhq_t, dh_sinv, db1
     if rs.delayed and not _gated(act):
         scale, amax = cast_scale(rs, None, False, 1, None)
-        nc = (eager.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
-              and da.dtype == h.dtype else None)
-        if nc is not None:
-            dhq, db1, dh_sinv = dbias_dactivation_fp8_unchecked(nc, da, h, ACTIVATIONS[act], h.dtype,
-                                                     rs.bwd_dtype, scale, amax)
-        else:
-            dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale,
-                                                    amax=amax)
+        dhq, db1, dh_sinv = dbias_dactivation_fp8(da, h, act, rs.bwd_dtype, scale, amax)
         dhq_t = transposed(dhq) if need_transpose else None
         return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
     dh, db1 = _dact(ctx.module, da, h, ctx.b1_grad, ctx.dtype)
