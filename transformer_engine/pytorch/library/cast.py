@@ -45,8 +45,11 @@ def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
         saved.append(scale.clone())
 
 
-def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
-    """(data, data_t or None, scale_inv) of a 2-D tensor."""
+def cast(rs, x, forward, slot, need_transpose, replay=None, record=None, nc=None):
+    """(data, data_t or None, scale_inv) of a 2-D tensor. nc: the caller's eager native call
+    when it already took one for a plain call (a contiguous x, no replay or record)."""
+    if nc is not None:
+        return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
     if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
             rs.delayed or not rs.recipe.use_power_2_scales):
         nc = eager.native_call(x)

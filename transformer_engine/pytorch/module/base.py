@@ -9,7 +9,6 @@ from typing import Callable, Optional
 import torch
 
 from .. import quantization as q
-from ..kernels.cast import cast_unchecked
 from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
 from ..tensor import Float8Tensor
@@ -350,11 +349,8 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
             data_t = transposed(data)
             cache[slot] = (data, data_t, scale_inv)
         return data, data_t, scale_inv
-    if nc is not None:
-        data, data_t, scale_inv = cast_unchecked(nc, fi.rs, weight.contiguous(), True, slot, need_transpose)
-    else:
-        data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
-                                       fi.replay, fi.record)
+    data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
+                                   fi.replay, fi.record, nc)
     if is_first_microbatch is not None and module is not None:
         if module._fp8_weight_cache is None:
             module._fp8_weight_cache = {}
