@@ -20,10 +20,6 @@ _CODE = native.DTYPE_CODE
 _MAX_PLANS = 64  # per recipe state: varying token counts make new plans; keep the table small
 
 
-def _ptr(t) -> int:
-    return t.data_ptr() if t is not None else 0
-
-
 class Fp8Plan:
     """A native LinearFp8Plan with the fields the calls read kept as Python attributes (reading a
     bound C++ field costs several times a slot's host time), and its forward / backward."""
@@ -70,8 +66,11 @@ def fp8_forward(nc, plan, x2d, w, w_sinv, bias, residual, dtype):
     kept = arena(plan.kept_bytes, x2d.device)
     scratch = call_scratch(nc, plan.forward_scratch_bytes)
     y = torch.empty(plan.tokens, plan.out_features, dtype=dtype, device=x2d.device)
-    plan.forward(x2d.data_ptr(), w.data_ptr(), _ptr(w_sinv), kept.data_ptr(), scratch.data_ptr(),
-                 y.data_ptr(), _ptr(bias), _ptr(residual), nc.env)
+    # addresses inline, not through _ptr: a call each costs host time on every step
+    plan.forward(x2d.data_ptr(), w.data_ptr(), w_sinv.data_ptr() if w_sinv is not None else 0,
+                 kept.data_ptr(), scratch.data_ptr(), y.data_ptr(),
+                 bias.data_ptr() if bias is not None else 0,
+                 residual.data_ptr() if residual is not None else 0, nc.env)
     return y, kept
 
 
@@ -115,9 +114,17 @@ def fp8_backward(nc, plan, dy, saved, dtype, bias_dtype, main_grad, update):
         db = torch.empty(out_features, dtype=bias_dtype, device=device) if want_db else None
     out = main_grad if main_grad is not None else dw
     scratch = call_scratch(nc, plan.backward_scratch_bytes)
-    plan.backward(dy.data_ptr(), _ptr(kept), _ptr(xq_t), _ptr(x_sinv), _ptr(wq_t), _ptr(w_sinv),
-                  scratch.data_ptr(), _ptr(dx), _ptr(out), _CODE[out.dtype] if out is not None else 0,
-                  1.0 if main_grad is not None else 0.0, _ptr(db), nc.env, update)
+    if kept is not None:  # the forward's operands in its kept buffer (W's as given if not there)
+        x_operands = (kept.data_ptr(), 0, 0)
+    else:
+        x_operands = (0, xq_t.data_ptr() if xq_t is not None else 0, x_sinv.data_ptr())
+    plan.backward(dy.data_ptr(), *x_operands, wq_t.data_ptr() if wq_t is not None else 0,
+                  w_sinv.data_ptr() if w_sinv is not None else 0, scratch.data_ptr(),
+                  dx.data_ptr() if dx is not None else 0,
+                  out.data_ptr() if out is not None else 0,
+                  _CODE[out.dtype] if out is not None else 0,
+                  1.0 if main_grad is not None else 0.0, db.data_ptr() if db is not None else 0,
+                  nc.env, update)
     return dx, dw, db
 
 
@@ -129,7 +136,8 @@ def hp_forward(nc, x2d, w, bias, residual, dtype):
     y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
     code = _CODE[dtype]
     nc.mod.linear_hp_forward(x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, code,
-                             y.data_ptr(), _ptr(bias), code, _ptr(residual), nc.env)
+                             y.data_ptr(), bias.data_ptr() if bias is not None else 0, code,
+                             residual.data_ptr() if residual is not None else 0, nc.env)
     return y
 
 
@@ -150,6 +158,8 @@ def hp_backward(nc, dy, x2d, w, in_features, dtype, need_dgrad, own_dw, bias_dty
     code = _CODE[dtype]
     nc.mod.linear_hp_backward(
         dy.data_ptr(), tokens, out_features, in_features, code,
-        w.data_ptr() if dx is not None else 0, _ptr(dx), x2d.data_ptr() if dw is not None else 0,
-        _ptr(dw), _ptr(db), _CODE[db.dtype] if db is not None else code, db_in_wgrad, nc.env)
+        w.data_ptr() if dx is not None else 0, dx.data_ptr() if dx is not None else 0,
+        x2d.data_ptr() if dw is not None else 0, dw.data_ptr() if dw is not None else 0,
+        db.data_ptr() if db is not None else 0, _CODE[db.dtype] if db is not None else code,
+        db_in_wgrad, nc.env)
     return dx, dw, db
