@@ -66,7 +66,7 @@ def fp8_forward(nc, plan, x2d, w, w_sinv, bias, residual, dtype):
     kept = arena(plan.kept_bytes, x2d.device)
     scratch = call_scratch(nc, plan.forward_scratch_bytes)
     y = torch.empty(plan.tokens, plan.out_features, dtype=dtype, device=x2d.device)
-    # addresses inline, not through _ptr: a call each costs host time on every step
+    # addresses inline (a helper call per address would cost host time on every step)
     plan.forward(x2d.data_ptr(), w.data_ptr(), w_sinv.data_ptr() if w_sinv is not None else 0,
                  kept.data_ptr(), scratch.data_ptr(), y.data_ptr(),
                  bias.data_ptr() if bias is not None else 0,
