@@ -31,15 +31,17 @@ def _buffer(nbytes, device):
 
 
 def _scaling(n, fp8, device, seed):
-    """Delayed-scaling state of n slots with scales in [0.5, 1.5): (tensors, pointer tuple)."""
+    """A scaling state of n slots with scales in [0.5, 1.5): ((history, scale, every tensor the
+    pointers address, kept alive by the caller), pointer tuple)."""
     g = torch.Generator().manual_seed(seed)
     hist = torch.zeros(1, n, device=device)
     scale = (torch.rand(n, generator=g) + 0.5).to(device)
     sinv = torch.ones(n, device=device)
     counter = torch.zeros(2, dtype=torch.int32, device=device)
     skipped = torch.zeros(n, dtype=torch.int32, device=device)
-    return (hist, scale), (hist.data_ptr(), scale.data_ptr(), sinv.data_ptr(),
-                           float(fp8_max_of(fp8)), counter.data_ptr(), skipped.data_ptr())
+    return (hist, scale, (sinv, counter, skipped)), (
+        hist.data_ptr(), scale.data_ptr(), sinv.data_ptr(), float(fp8_max_of(fp8)),
+        counter.data_ptr(), skipped.data_ptr())
 
 
 def _view(buf, region, fp8):
@@ -54,8 +56,12 @@ def _bits(t):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("delayed", [True, False], ids=["delayed", "current"])
 @pytest.mark.parametrize("kept_operands", [True, False], ids=["kept", "given"])
-def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
+def test_linear_fp8_plan_matches_checked_ops(device, delayed, kept_operands):
+    """Delayed scaling: the state's scales, amaxes recorded. Current scaling: the plan computes
+    each scale (fp8_max / amax of the tensor) before its cast; the checked ops then cast with
+    those scales."""
     mod = _native_or_skip(device)
     fwd, bwd = native.fp8_dtype("e4m3", device), native.fp8_dtype("e5m2", device)
     tokens, fin, fout = 48, 80, 32
@@ -63,10 +69,10 @@ def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
     w = randn((fout, fin), BF16, device, seed=82)
     b = randn((fout,), BF16, device, seed=83)
     dy = randn((tokens, fout), BF16, device, seed=84)
-    (hist_f, scale_f), sf = _scaling(2, fwd, device, 85)
-    (hist_b, scale_b), sb = _scaling(1, bwd, device, 86)
+    (hist_f, scale_f, _keep_f), sf = _scaling(2, fwd, device, 85)
+    (hist_b, scale_b, _keep_b), sb = _scaling(1, bwd, device, 86)
     plan = mod.LinearFp8Plan(tokens, fin, fout, C[BF16], C[BF16], C[fwd], C[fwd], C[bwd], True,
-                             True, True, C[BF16], True, sf, sb)
+                             True, True, C[BF16], delayed, sf, sb)
     ws = _buffer(1 << 22, device)
     env = (ws.data_ptr(), ws.numel(), native.stream_handle(None) if device == "cuda" else 0)
     kept = _buffer(plan.kept_bytes, device)
@@ -75,6 +81,10 @@ def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
     y = torch.full((tokens, fout), float("nan"), dtype=BF16, device=device)
     plan.forward(x.data_ptr(), w.data_ptr(), 0, kept.data_ptr(), fs.data_ptr(), y.data_ptr(),
                  b.data_ptr(), 0, env)
+    if not delayed:
+        fmax = torch.tensor(float(fp8_max_of(fwd)), device=device)
+        want_scale = torch.stack([fmax / x.float().abs().max(), fmax / w.float().abs().max()])
+        assert torch.equal(scale_f, want_scale)
     # the checked ops with the same scales
     amax = torch.zeros(2, device=device)
     xq, xq_t, x_sinv = kernels.cast_transpose(x, scale_f[0:1].clone(), fwd, amax[0:1])
@@ -87,7 +97,8 @@ def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
                             ("w_sinv", kept, w_sinv)):
         assert torch.equal(_bits(_view(buf, r[name], fwd)), _bits(want)), name
     assert torch.equal(y, want_y)
-    assert torch.equal(hist_f[0], amax)  # delayed scaling records both amaxes
+    if delayed:
+        assert torch.equal(hist_f[0], amax)  # delayed scaling records both amaxes
     dx = torch.full((tokens, fin), float("nan"), dtype=BF16, device=device)
     dw = torch.full((fout, fin), float("nan"), dtype=BF16, device=device)
     db = torch.full((fout,), float("nan"), dtype=BF16, device=device)
@@ -97,6 +108,9 @@ def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
         operands = (0, xq_t.data_ptr(), x_sinv.data_ptr(), wq_t.data_ptr(), w_sinv.data_ptr())
     plan.backward(dy.data_ptr(), *operands, bs.data_ptr(), dx.data_ptr(), dw.data_ptr(), C[BF16],
                   0.0, db.data_ptr(), env, None)
+    if not delayed:
+        fmax = torch.tensor(float(fp8_max_of(bwd)), device=device)
+        assert torch.equal(scale_b, (fmax / dy.float().abs().max()).reshape(1))
     amax_b = torch.zeros(1, device=device)
     dyq, dyq_t, want_db, dy_sinv = kernels.cast_transpose_dbias(dy, scale_b.clone(), bwd, amax_b,
                                                                 dbias_dtype=BF16)
@@ -107,4 +121,5 @@ def test_linear_fp8_plan_matches_checked_ops(device, kept_operands):
     assert torch.equal(_bits(_view(bs, r["dyq"], bwd)), _bits(dyq))
     assert torch.equal(_bits(_view(bs, r["dyq_t"], bwd)), _bits(dyq_t))
     assert torch.equal(dx, want_dx) and torch.equal(dw, want_dw) and torch.equal(db, want_db)
-    assert torch.equal(hist_b[0], amax_b)
+    if delayed:
+        assert torch.equal(hist_b[0], amax_b)
