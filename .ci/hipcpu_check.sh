@@ -12,9 +12,10 @@ PY=${PYTHON:-python}
 BUILD=$ROOT/build/hipcpu
 JOBS=${MAX_JOBS:-2}
 # The native families: quantize, cast+transpose and fused forms, scaling updates, norms,
-# activations (gated, dbias), softmax, RoPE, dbias, portable attention.
+# activations (gated, dbias), softmax, RoPE, dbias, portable attention, the fused Linear step.
 NATIVE_SUITES=(test_quantize.py test_cast_transpose_fused.py test_normalization.py test_activation.py
-               test_dbias.py test_softmax.py test_rope.py test_attention_kernels.py)
+               test_dbias.py test_softmax.py test_rope.py test_attention_kernels.py
+               test_linear_step.py)
 failed=0
 summary=()
 

@@ -22,7 +22,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import quantization as q
-from transformer_engine.pytorch.module import _fast
+from transformer_engine.pytorch.kernels import eager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_modules import step_fn  # noqa: E402  (the same step as the GPU host benchmark)
@@ -31,8 +31,29 @@ T, FIN, FOUT = 64, 1024, 1024
 DT = torch.bfloat16
 
 
+class _NoOpPlan:
+    """Stands in for the native LinearFp8Plan: its sizes, no regions, no-op calls."""
+
+    def __init__(self, tokens, in_features, out_features, dtype, w_dtype, wq_dtype, fp8_fwd,
+                 fp8_bwd, fresh_w, need_dgrad, need_wgrad, dbias_dtype, *scaling):
+        self.tokens, self.in_features, self.out_features = tokens, in_features, out_features
+        self.fresh_w, self.need_dgrad, self.need_wgrad = fresh_w, need_dgrad, need_wgrad
+        self.dbias_in_cast = dbias_dtype >= 0
+        self.kept_bytes = 512 + tokens * in_features + out_features * in_features
+        self.forward_scratch_bytes = tokens * in_features + out_features * in_features
+        self.backward_scratch_bytes = 2 * tokens * out_features + 512
+        self.regions = {}
+
+    def forward(self, *args):
+        pass
+
+    def backward(self, *args):
+        pass
+
+
 class _NoOpModule:
     """Stands in for the native module: every call returns nothing (workspace queries: 16)."""
+    LinearFp8Plan = _NoOpPlan
 
     def __getattr__(self, name):
         if name.endswith("_workspace"):
@@ -51,8 +72,8 @@ class _NoOpCall:
 
 def _patch_native():
     call = _NoOpCall()
-    _fast.native_call = lambda x: call
-    _fast.native_call_again = lambda nc, x: nc if nc is not None else call
+    eager.native_call = lambda x: call
+    eager.native_call_again = lambda nc, x: nc if nc is not None else call
     q.RecipeState.on_native = lambda self: True
     q.require_fp8_support = lambda *a: None
 
@@ -74,7 +95,7 @@ class _Floor(torch.autograd.Function):
     def backward(ctx, gy):
         kept, = ctx.saved_tensors
         n, k = gy.shape[1], kept.numel()
-        # one buffer for the three gradients, as te's step (module/_fast.step_grads)
+        # one buffer for the three gradients, as te's step (kernels/eager.step_grads)
         nx = gy.shape[0] * FIN
         buf = torch.empty(nx + n * FIN + n, dtype=gy.dtype)
         dx = buf.as_strided((gy.shape[0], FIN), (FIN, 1), 0)

@@ -124,3 +124,26 @@ def test_every_module_imports_first_on_its_own():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert r.returncode == 0, f"modules that fail to import first:\n{r.stdout}\n{r.stderr[-3000:]}"
+
+
+# Where raw device addresses may be taken: the kernels layer, the bridge that describes tensors
+# to the bindings, and the recipe state's scaling pointers (read by the native scaling update).
+ADDRESS_HOMES = ("transformer_engine/pytorch/kernels/", "transformer_engine/pytorch/native.py",
+                 "transformer_engine/pytorch/quantization.py")
+
+
+def test_no_addresses_outside_the_kernels_layer():
+    """Modules, the ops' choosers and everything else above the kernels layer handle tensors,
+    never their addresses (data_ptr) or the native module's calls (nc.mod)."""
+    bad = []
+    for name, path in _modules().items():
+        rel = os.path.relpath(path, ROOT)
+        if rel.startswith(ADDRESS_HOMES):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr == "data_ptr":
+                bad.append(f"{rel}:{node.lineno}: data_ptr")
+            if (isinstance(node, ast.Attribute) and node.attr == "mod"
+                    and isinstance(node.value, ast.Name) and node.value.id == "nc"):
+                bad.append(f"{rel}:{node.lineno}: nc.mod")
+    assert not bad, "addresses taken outside the kernels layer:\n" + "\n".join(bad)

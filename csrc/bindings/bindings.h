@@ -39,6 +39,6 @@ void register_gemm_library(py::module_& m);
 void register_activation(py::module_& m);
 void register_rope(py::module_& m);
 void register_attention(py::module_& m);
-void register_linear_fast(py::module_& m);
+void register_linear_step(py::module_& m);
 
 }  // namespace te_py

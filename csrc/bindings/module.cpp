@@ -48,5 +48,5 @@ PYBIND11_MODULE(_native, m) {
   te_py::register_activation(m);
   te_py::register_rope(m);
   te_py::register_attention(m);
-  te_py::register_linear_fast(m);
+  te_py::register_linear_step(m);
 }

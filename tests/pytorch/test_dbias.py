@@ -9,7 +9,8 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.library import dispatch
-from transformer_engine.pytorch.module import _gemms
+from transformer_engine.pytorch.library import gemm as gemm_steps
+from transformer_engine.pytorch.library.activation import bias_grad_of
 from utils import DEVICES, native_gpu_reason, randn, stable_seed, tols
 
 HP = [torch.float32, torch.float16, torch.bfloat16]
@@ -68,7 +69,7 @@ def test_dbias_deterministic(device, shape):
     a = kernels.dbias(g, torch.float32)
     torch.ones(1 << 20, device=device).sum()  # other work in between
     b = kernels.dbias(g, torch.float32)
-    c = _gemms.bias_grad_of(g, torch.float32)  # the modules' (direct) path: the same kernels
+    c = bias_grad_of(g, torch.float32)  # the modules' (eager) path: the same kernels
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
@@ -122,9 +123,9 @@ def test_dbias_under_compile_matches_eager(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("fuse_wgrad", [False, True], ids=["plain", "main_grad"])
 def test_linear_bias_grad_matches_torch(device, dtype, fuse_wgrad):
-    # tokens * out_features above _gemms.EPILOGUE_BIAS_GRAD_MAX_ELEMENTS: not the GEMM epilogue
+    # tokens * out_features above gemm_steps.EPILOGUE_BIAS_GRAD_MAX_ELEMENTS: not the GEMM epilogue
     tokens, in_features, out_features = 4112, 32, 1040
-    assert tokens * out_features > _gemms.EPILOGUE_BIAS_GRAD_MAX_ELEMENTS
+    assert tokens * out_features > gemm_steps.EPILOGUE_BIAS_GRAD_MAX_ELEMENTS
     torch.manual_seed(0)
     m = te.Linear(in_features, out_features, params_dtype=dtype, device=device,
                   fuse_wgrad_accumulation=fuse_wgrad)

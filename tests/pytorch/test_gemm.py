@@ -631,23 +631,23 @@ def test_gemm_addend_tuned_plan():
 @requires_native_gpu
 @pytest.mark.parametrize("bias", [False, True])
 def test_fast_gemm_addend(bias):
-    """module/_fast.gemm(addend=...): the modules' direct call, same result as general_gemm."""
-    from transformer_engine.pytorch.module import _fast
+    """gemm_unchecked(addend=...): the modules' eager native call, same result as general_gemm."""
+    from transformer_engine.pytorch.kernels.eager import native_call
     m, n, k = 64, 48, 80
     W = randn((m, k), torch.bfloat16, "cuda", seed=51)
     X = randn((n, k), torch.bfloat16, "cuda", seed=52)
     R = randn((n, m), torch.bfloat16, "cuda", seed=53)
     b = randn((m,), torch.bfloat16, "cuda", seed=54) if bias else None
-    nc = _fast.native_call(X)
+    nc = native_call(X)
     out = torch.full((n, m), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _fast.gemm(nc, W, True, X, False, out, bias=b, addend=R)
+    kernels.gemm.gemm_unchecked(nc, W, True, X, False, out, bias=b, addend=R)
     want = kernels.general_gemm(W, X, layout="TN", bias=b, addend=R).out
     assert torch.equal(out, want)
     ref, _, absprod, summands = model(W, X, "TN", acc=R, bias=b)
     assert_gemm_close(out, ref, absprod, torch.bfloat16,
                       extra=1.13 * tols(torch.bfloat16)["rtol"] * summands)
-    with pytest.raises(ValueError, match="addend and beta=1.0"):
-        _fast.gemm(nc, W, True, X, False, out, beta=1.0, addend=R)
+    with pytest.raises(ValueError, match="gemm_unchecked: addend and beta=1.0"):
+        kernels.gemm.gemm_unchecked(nc, W, True, X, False, out, beta=1.0, addend=R)
 
 
 @requires_native_gpu
@@ -657,14 +657,14 @@ def test_fast_gemm_addend(bias):
 def test_linear_hp_forward_residual(dtype, bias):
     """linear_hp_forward(..., residual, env): y = x W^T (+ b) + residual in the one GEMM, equal to
     the call without a residual plus the residual (to the output's rounding)."""
-    from transformer_engine.pytorch.module import _fast
+    from transformer_engine.pytorch.kernels.eager import native_call
     tokens, fin, fout = 48, 64, 96
     x = randn((tokens, fin), dtype, "cuda", seed=61)
     w = randn((fout, fin), dtype, "cuda", seed=62)
     r = randn((tokens, fout), dtype, "cuda", seed=63, scale=4.0)
     b = randn((fout,), dtype, "cuda", seed=64) if bias else None
     r0 = r.clone()
-    nc = _fast.native_call(x)
+    nc = native_call(x)
     code = native.DTYPE_CODE[dtype]
     ys = []
     for res in (0, r.data_ptr()):
@@ -683,47 +683,68 @@ def test_linear_hp_forward_residual(dtype, bias):
                                atol=t["atol"] + 2 * t["rtol"] * float(want.abs().max()))
 
 
+def _fp8_plan(nc, tokens, fin, fout, fp8, scaling, **flags):
+    """A LinearFp8Plan of a bf16 step whose forward casts W (delayed scaling, both directions on
+    the same scaling tensors)."""
+    code = native.DTYPE_CODE
+    kw = dict(fresh_w=True, need_dgrad=False, need_wgrad=False, dbias_dtype=-1)
+    kw.update(flags)
+    return nc.mod.LinearFp8Plan(tokens, fin, fout, code[torch.bfloat16], code[torch.bfloat16],
+                                code[fp8], code[fp8], code[fp8], kw["fresh_w"], kw["need_dgrad"],
+                                kw["need_wgrad"], kw["dbias_dtype"], True, scaling, scaling)
+
+
+def _region(buf, region, fp8):
+    _, offset, shape, code = region
+    dtype = torch.float32 if code == native.DTYPE_CODE[torch.float32] else fp8
+    n = math.prod(shape) * dtype.itemsize
+    return buf[offset:offset + n].view(dtype).view(shape)
+
+
+def _unit_scaling(dev, fp8):
+    """Delayed-scaling state of two slots with scale 1: (tensors kept alive, scaling tuple)."""
+    hist = torch.zeros((1, 2), device=dev)
+    scale = torch.ones(2, device=dev)
+    scale_inv = torch.ones(2, device=dev)
+    counter = torch.zeros(2, dtype=torch.int32, device=dev)
+    return (hist, scale, scale_inv, counter), (hist.data_ptr(), scale.data_ptr(),
+                                               scale_inv.data_ptr(),
+                                               float(gemm_mod.fp8_max_of(fp8)), counter.data_ptr())
+
+
 @requires_native_gpu
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_fp8_forward_residual(bias):
-    """linear_fp8_forward(..., residual, env): x and W cast to E4M3 (delayed scaling, scale 1),
+    """LinearFp8Plan.forward(..., residual, env): x and W cast to E4M3 (delayed scaling, scale 1),
     y = xq wq^T (+ b) + residual in the one FP8 GEMM, equal to the call without a residual plus
     the residual (to bf16 rounding)."""
-    from transformer_engine.pytorch.module import _fast
+    from transformer_engine.pytorch.kernels.eager import native_call
     tokens, fin, fout = 32, 64, 48
     dev = "cuda"
-    fp8 = native.fp8_dtype("e4m3", dev)
     if native.capability(torch.device(dev)).fp8_flavor is None:
         pytest.skip("no FP8 on this device")
+    fp8 = native.fp8_dtype("e4m3", dev)
     x = randn((tokens, fin), torch.bfloat16, dev, seed=71)
     w = randn((fout, fin), torch.bfloat16, dev, seed=72)
     r = randn((tokens, fout), torch.bfloat16, dev, seed=73, scale=4.0)
     b = randn((fout,), torch.bfloat16, dev, seed=74) if bias else None
     r0 = r.clone()
-    hist = torch.zeros((1, 2), device=dev)
-    scale = torch.ones(2, device=dev)
-    scale_inv = torch.ones(2, device=dev)
-    counter = torch.zeros(2, dtype=torch.int32, device=dev)
-    scaling = (hist.data_ptr(), scale.data_ptr(), scale_inv.data_ptr(),
-               float(gemm_mod.fp8_max_of(fp8)), counter.data_ptr())
-    nc = _fast.native_call(x)
-    code = native.DTYPE_CODE
+    _state, scaling = _unit_scaling(dev, fp8)
+    nc = native_call(x)
+    plan = _fp8_plan(nc, tokens, fin, fout, fp8, scaling)
     ys = []
     for res in (0, r.data_ptr()):
-        xq = torch.empty((tokens, fin), dtype=fp8, device=dev)
-        wq = torch.empty((fout, fin), dtype=fp8, device=dev)
-        x_sinv = torch.empty(1, device=dev)
-        w_sinv = torch.empty(1, device=dev)
+        kept = torch.empty(plan.kept_bytes, dtype=torch.uint8, device=dev)
+        scratch = torch.empty(plan.forward_scratch_bytes, dtype=torch.uint8, device=dev)
         y = torch.full((tokens, fout), float("nan"), dtype=torch.bfloat16, device=dev)
-        nc.mod.linear_fp8_forward(
-            x.data_ptr(), code[x.dtype], tokens, fin, w.data_ptr(), code[w.dtype], fout, True,
-            scaling, True, code[fp8], xq.data_ptr(), 0, x_sinv.data_ptr(), wq.data_ptr(),
-            code[fp8], 0, w_sinv.data_ptr(), y.data_ptr(), code[torch.bfloat16],
-            b.data_ptr() if b is not None else 0, code[torch.bfloat16], res, nc.env)
-        ys.append((y, xq, wq))
-    torch.cuda.synchronize()
+        plan.forward(x.data_ptr(), w.data_ptr(), 0, kept.data_ptr(), scratch.data_ptr(),
+                     y.data_ptr(), b.data_ptr() if b is not None else 0, res, nc.env)
+        ys.append((y, _region(scratch, plan.regions["xq"], fp8).clone(),
+                   _region(scratch, plan.regions["wq"], fp8).clone()))
+        torch.cuda.synchronize()
     (y_plain, xq, wq), (y_res, _, _) = ys
     assert torch.equal(r, r0)
+    assert torch.equal(xq, x.to(fp8)) and torch.equal(wq, w.to(fp8))  # scale 1: plain casts
     ref, _, absprod, summands = model(wq.float(), xq.float(), "TN", acc=r, bias=b)
     assert_gemm_close(y_res, ref, absprod, torch.bfloat16, fp8=True,
                       extra=1.13 * tols(torch.bfloat16)["rtol"] * summands)
@@ -731,3 +752,51 @@ def test_linear_fp8_forward_residual(bias):
     want = y_plain.double() + r.double()
     torch.testing.assert_close(y_res.double(), want, rtol=2 * t["rtol"],
                                atol=t["atol"] + 2 * t["rtol"] * float(want.abs().max()))
+
+
+@requires_native_gpu
+@pytest.mark.parametrize("need_dgrad,need_wgrad,dbias", [(True, True, True), (True, False, False),
+                                                         (False, True, False)])
+def test_linear_fp8_plan_layout(need_dgrad, need_wgrad, dbias):
+    """The plan's arenas: every region on a 256-byte boundary, inside its arena, apart from the
+    others, and present exactly when the step needs it; arguments it cannot serve raise
+    ValueError naming LinearFp8Plan."""
+    from transformer_engine.pytorch.kernels.eager import native_call
+    dev = "cuda"
+    if native.capability(torch.device(dev)).fp8_flavor is None:
+        pytest.skip("no FP8 on this device")
+    fp8 = native.fp8_dtype("e4m3", dev)
+    _state, scaling = _unit_scaling(dev, fp8)
+    nc = native_call(torch.empty(1, device=dev))
+    tokens, fin, fout = 48, 80, 112
+    plan = _fp8_plan(nc, tokens, fin, fout, fp8, scaling, need_dgrad=need_dgrad,
+                     need_wgrad=need_wgrad,
+                     dbias_dtype=native.DTYPE_CODE[torch.bfloat16] if dbias else -1)
+    regions = plan.regions
+    want = {"x_sinv", "w_sinv", "xq", "wq", "dyq", "dy_sinv"}
+    want |= {"x_t", "dyq_t"} if need_wgrad else set()
+    want |= {"w_t"} if need_dgrad else set()
+    want |= {"dbias_ws"} if dbias else set()
+    assert set(regions) == want
+    sizes = {"kept": plan.kept_bytes, "forward_scratch": plan.forward_scratch_bytes,
+             "backward_scratch": plan.backward_scratch_bytes}
+    spans = {}
+    for name, (arena, offset, shape, code) in regions.items():
+        nbytes = math.prod(shape) * (4 if code == native.DTYPE_CODE[torch.float32] else 1)
+        assert offset % 256 == 0 and offset + nbytes <= sizes[arena], name
+        spans.setdefault(arena, []).append((offset, offset + nbytes))
+    for arena, s in spans.items():
+        s.sort()
+        assert all(a[1] <= b[0] for a, b in zip(s, s[1:])), (arena, s)
+    if need_wgrad:
+        assert regions["x_t"][2] == (fin, tokens) and regions["dyq_t"][2] == (fout, tokens)
+    if need_dgrad:
+        assert regions["w_t"][2] == (fin, fout)
+    with pytest.raises(ValueError, match="LinearFp8Plan: tokens, in_features and out_features"):
+        _fp8_plan(nc, 0, fin, fout, fp8, scaling)
+    with pytest.raises(ValueError, match="LinearFp8Plan: dbias_dtype .* needs need_wgrad"):
+        _fp8_plan(nc, tokens, fin, fout, fp8, scaling,
+                  dbias_dtype=native.DTYPE_CODE[torch.bfloat16])
+    with pytest.raises(ValueError, match="LinearFp8Plan: dx needs a plan made with need_dgrad"):
+        p = _fp8_plan(nc, tokens, fin, fout, fp8, scaling)
+        p.backward(256, 0, 0, 256, 0, 0, 256, 256, 0, 0, 0.0, 0, nc.env, None)

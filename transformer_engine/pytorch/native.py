@@ -123,12 +123,18 @@ def fp8_dtype(fmt: str, device=None) -> torch.dtype:
     return getattr(torch, fp8_formats.fp8_dtype_name(fmt, cap.fp8_flavor))
 
 
+def address(v) -> int:
+    """A device address for the bindings: 0 for None, an int as it is, else the tensor's."""
+    if v is None:
+        return 0
+    return v if type(v) is int else v.data_ptr()
+
+
 def describe(t: torch.Tensor | None, amax=None, scale=None, scale_inv=None, shape=None) -> tuple:
-    """Descriptor tuple for the bindings: (ptr, shape, dtype, amax_ptr, scale_ptr, scale_inv_ptr)."""
-    return (t.data_ptr(), tuple(t.shape) if shape is None else tuple(shape), DTYPE_CODE[t.dtype],
-            amax.data_ptr() if amax is not None else 0,
-            scale.data_ptr() if scale is not None else 0,
-            scale_inv.data_ptr() if scale_inv is not None else 0)
+    """Descriptor tuple for the bindings: (ptr, shape, dtype, amax_ptr, scale_ptr, scale_inv_ptr);
+    amax, scale and scale_inv are tensors, addresses (ints) or None."""
+    return (t.data_ptr(), t.shape if shape is None else tuple(shape), DTYPE_CODE[t.dtype],
+            address(amax), address(scale), address(scale_inv))
 
 
 _raw_stream_of_index = getattr(torch._C, "_cuda_getCurrentRawStream", None)

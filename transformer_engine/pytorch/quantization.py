@@ -429,6 +429,9 @@ class RecipeState:
         self._ptrs = None
         self._on_native = None
         self.eager_call_info = None  # module/base.py: fp8_call_info's answer for plain FP8 calls
+        # kernels/linear_step.py: the native plans of the fused Linear step made on this state's
+        # pointers, by problem
+        self.step_plans = {}
         self._update_descs = None
         if not allocate:  # formats only (a traced current-scaling call)
             return
@@ -455,6 +458,7 @@ class RecipeState:
         # and descriptors would still address the original's
         state = self.__dict__.copy()
         state["_ptrs"] = state["_update_descs"] = state["_on_native"] = None
+        state["step_plans"] = {}
         return state
 
     # The forward scales and history as read from outside: a deferred forward update of the last
@@ -490,6 +494,7 @@ class RecipeState:
             state["_skipped_fwd"] = torch.zeros(state["_scale_fwd"].numel(), dtype=torch.int32, device=dev)
             state["skipped_bwd"] = torch.zeros(state["scale_bwd"].numel(), dtype=torch.int32, device=dev)
         state.setdefault("owner", "an FP8 module")
+        state.setdefault("step_plans", {})
         state.setdefault("_warned_skips", 0)
         self.__dict__.update(state)
 
@@ -552,11 +557,14 @@ class RecipeState:
 
     @property
     def ptrs_fwd(self):
-        return self._pointers()[0]
+        """The forward's (history, scale, scale_inv, fp8_max, counter, skipped) as raw pointers
+        (fp8_max a float) for the native calls of the eager path."""
+        return (self._ptrs or self._pointers())[0]
 
     @property
     def ptrs_bwd(self):
-        return self._pointers()[1]
+        """The backward's (history, scale, scale_inv, fp8_max, counter, skipped), as ptrs_fwd."""
+        return (self._ptrs or self._pointers())[1]
 
     @property
     def native(self) -> bool:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
+from ..native import DTYPE_CODE, address, describe
 from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
 from .cast import quantize_reference
 
@@ -386,3 +387,43 @@ def apply_clamped_swiglu(x: torch.Tensor, limit: float = 7.0, alpha: float = 1.7
         return _ClampedSwiglu.apply(x, limit, alpha)
     limit, alpha = clamped_swiglu_params("apply_clamped_swiglu", {"limit": limit, "alpha": alpha})
     return clamped_swiglu_fp32_reference(x, limit, alpha).to(x.dtype)
+
+
+# ----- the unchecked calls of the modules' eager path (nc: a NativeCall, kernels/eager.py) ------
+def activation_fp8_unchecked(nc, x, act_code, gated, fp8_dtype, scale, amax):
+    """(act(x) in FP8, scale_inv): the activation kernel casts as it writes (delayed scaling)."""
+    shape = (x.shape[0], x.shape[1] // 2) if gated else tuple(x.shape)
+    out = torch.empty(shape, dtype=fp8_dtype, device=x.device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+    fn = nc.mod.gated_activation if gated else nc.mod.activation
+    fn(act_code, describe(x), describe(out, address(amax), scale.data_ptr(), scale_inv.data_ptr()), nc.stream)
+    return out, scale_inv
+
+
+def dbias_unchecked(nc, dy, dbias_dtype):
+    """The column sums of a contiguous 2-D dy (a bias gradient) in dbias_dtype: one binding call
+    with flat arguments, the partial sums in the call's GEMM workspace (dbias_direct)."""
+    rows, cols = dy.shape
+    db = torch.empty(cols, dtype=dbias_dtype, device=dy.device)
+    nc.mod.dbias_direct(dy.data_ptr(), rows, cols, DTYPE_CODE[dy.dtype], db.data_ptr(), DTYPE_CODE[dbias_dtype],
+                        nc.env)
+    return db
+
+
+_DBIAS_WS: dict = {}
+
+
+def dbias_dactivation_fp8_unchecked(nc, grad, x, act_code, dbias_dtype, fp8_dtype, scale, amax):
+    """(dx in FP8, dbias, scale_inv) of a plain activation in one pass."""
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
+    dbias = torch.empty(x.shape[-1], dtype=dbias_dtype, device=x.device)
+    args = (describe(grad), describe(x), describe(out, address(amax), scale.data_ptr(), scale_inv.data_ptr()),
+            describe(dbias))
+    key = (act_code, tuple(x.shape), x.dtype, fp8_dtype, dbias_dtype, x.device)
+    ws_shape = _DBIAS_WS.get(key)
+    if ws_shape is None:
+        ws_shape = _DBIAS_WS[key] = nc.mod.dbias_dactivation_workspace(act_code, *args)
+    ws = torch.empty(ws_shape, dtype=torch.float32, device=x.device)
+    nc.mod.dbias_dactivation(act_code, *args, describe(ws), nc.stream)
+    return out, dbias, scale_inv

@@ -14,6 +14,7 @@ import torch
 
 from ...common import fp8_formats
 from .. import native
+from ..native import describe
 from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
 
 
@@ -152,3 +153,58 @@ def cast_transpose(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype,
     out_t.copy_(data.reshape(rows, cols).t())
     _merge_reference_meta(ref_scale_inv, ref_amax, amax, scale_inv)
     return out, out_t, scale_inv
+
+
+# ----- the unchecked calls of the modules' eager path (nc: a NativeCall, kernels/eager.py) ------
+def recipe_scaling_unchecked(nc, rs, x_desc, forward: bool, slot: int):
+    """(fp8 dtype, amax pointer for the cast or 0, scale pointer) of one cast.
+
+    DelayedScaling: the module's scale, amax recorded into the history row. Current scaling:
+    one launch computes the amax and the scale (current_scaling_scales, with the 1-row history
+    as its amax scratch), then the cast: two launches, no torch ops."""
+    hist, scale, sinv_state, fp8_max, counter, skipped = rs.ptrs_fwd if forward else rs.ptrs_bwd
+    off = 4 * slot  # fp32 and int32 slots alike
+    if rs.delayed:
+        return (rs.fwd_dtype if forward else rs.bwd_dtype), hist + off, scale + off
+    nc.mod.current_scaling_scales([x_desc], hist + off, counter, scale + off, sinv_state + off,
+                                  fp8_max, nc.stream, skipped + off)
+    return (rs.fwd_dtype if forward else rs.bwd_dtype), 0, scale + off
+
+
+def fp8_outputs(x, rows, cols, dtype, transpose: bool):
+    """New (data, data_t or None, scale_inv) for an FP8 cast of x [rows, cols]."""
+    device = x.device
+    out = torch.empty(x.shape, dtype=dtype, device=device)
+    out_t = torch.empty((cols, rows), dtype=dtype, device=device) if transpose else None
+    return out, out_t, torch.empty(1, dtype=torch.float32, device=device)
+
+
+def cast_unchecked(nc, rs, x, forward: bool, slot: int, need_transpose: bool):
+    """(data, data_t or None, scale_inv) of a 2-D tensor in the recipe's FP8 format."""
+    x_desc = describe(x)
+    dtype, amax_ptr, scale_ptr = recipe_scaling_unchecked(nc, rs, x_desc, forward, slot)
+    out, out_t, scale_inv = fp8_outputs(x, x.shape[0], x.shape[1], dtype, need_transpose)
+    out_desc = describe(out, amax_ptr, scale_ptr, scale_inv.data_ptr())
+    if need_transpose:
+        nc.mod.cast_transpose(x_desc, out_desc, describe(out_t), nc.stream)
+    else:
+        nc.mod.quantize(x_desc, out_desc, nc.stream)
+    return out, out_t, scale_inv
+
+
+def transpose_unchecked(nc, x):
+    """x.T (2-D) as a new contiguous tensor."""
+    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
+    nc.mod.transpose(describe(x), describe(out), nc.stream)
+    return out
+
+
+_WS_SHAPES: dict = {}
+
+
+def workspace_once(nc, key, query):
+    """A float32 workspace of the shape `query()` returns, asked once per problem and kept."""
+    shape = _WS_SHAPES.get(key)
+    if shape is None:
+        shape = _WS_SHAPES[key] = tuple(query())
+    return torch.empty(shape, dtype=torch.float32, device=nc.device)

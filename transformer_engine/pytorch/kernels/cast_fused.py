@@ -20,10 +20,12 @@ from typing import Optional, Tuple
 import torch
 
 from .. import native
+from ..native import describe
 from ._checks import check_tensor
 from .activation import (ACTIVATIONS, GATED, _check_name, _gated_shapes, activation_fp32_reference,
                          dactivation_fp32_reference)
-from .cast import _merge_reference_meta, _prepare, quantize_reference
+from .cast import (_merge_reference_meta, _prepare, fp8_outputs, quantize_reference,
+                   recipe_scaling_unchecked, workspace_once)
 
 
 def _rows_cols(shape) -> Tuple[int, int]:
@@ -187,4 +189,54 @@ def dact_dbias_cast_transpose(grad: torch.Tensor, x: torch.Tensor, name: str,
     if dbias is not None:
         dbias.copy_(ref_dbias)
     _merge_reference_meta(ref_si, ref_amax, amax, scale_inv)
+    return out, out_t, dbias, scale_inv
+
+
+# ----- the unchecked calls of the modules' eager path (nc: a NativeCall, kernels/eager.py) ------
+def cast_transpose_dbias_unchecked(nc, rs, dy, slot: int, dbias_dtype):
+    """(data, data_t, dbias, scale_inv) of an output gradient: FP8 cast, transpose and the
+    bias gradient (column sums) in one pass over dy (backward slot)."""
+    dy_desc = describe(dy)
+    dtype, amax_ptr, scale_ptr = recipe_scaling_unchecked(nc, rs, dy_desc, False, slot)
+    rows, cols = dy.shape
+    out, out_t, scale_inv = fp8_outputs(dy, rows, cols, dtype, True)
+    dbias = torch.empty(cols, dtype=dbias_dtype, device=dy.device)
+    args = (dy_desc, describe(out, amax_ptr, scale_ptr, scale_inv.data_ptr()), describe(out_t), describe(dbias))
+    ws = workspace_once(nc, ("ctdb", rows, cols, dy.dtype, dtype, dbias_dtype),
+                    lambda: nc.mod.cast_transpose_dbias_workspace(*args))
+    nc.mod.cast_transpose_dbias(*args, describe(ws), nc.stream)
+    return out, out_t, dbias, scale_inv
+
+
+def act_cast_transpose_unchecked(nc, rs, h, act_code: int, gated: bool, slot: int):
+    """(act(h) in FP8, its transpose, scale_inv) in one pass (delayed scaling: the scale is known
+    before the activation runs)."""
+    h_desc = describe(h)
+    dtype, amax_ptr, scale_ptr = recipe_scaling_unchecked(nc, rs, h_desc, True, slot)
+    rows, cols = h.shape[0], (h.shape[1] // 2 if gated else h.shape[1])
+    out = torch.empty((rows, cols), dtype=dtype, device=h.device)
+    out_t = torch.empty((cols, rows), dtype=dtype, device=h.device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=h.device)
+    nc.mod.act_cast_transpose(act_code, gated, h_desc, describe(out, amax_ptr, scale_ptr, scale_inv.data_ptr()),
+                              describe(out_t), nc.stream)
+    return out, out_t, scale_inv
+
+
+def dact_dbias_cast_transpose_unchecked(nc, rs, grad, h, act_code: int, gated: bool, slot: int, dbias_dtype):
+    """(dh in FP8, its transpose, dbias or None, scale_inv): dh = grad * act'(h) (gated: both
+    halves), cast, transposed and column-summed in one pass (delayed scaling). dbias_dtype None:
+    no bias gradient."""
+    h_desc = describe(h)
+    dtype, amax_ptr, scale_ptr = recipe_scaling_unchecked(nc, rs, h_desc, False, slot)
+    rows, cols = h.shape
+    out, out_t, scale_inv = fp8_outputs(h, rows, cols, dtype, True)
+    dbias = torch.empty(cols, dtype=dbias_dtype, device=h.device) if dbias_dtype is not None else None
+    args = (act_code, gated, describe(grad), h_desc, describe(out, amax_ptr, scale_ptr, scale_inv.data_ptr()),
+            describe(out_t))
+    ws = None
+    if dbias is not None:
+        ws = workspace_once(nc, ("dact", act_code, gated, rows, cols, h.dtype, dtype, dbias_dtype),
+                        lambda: nc.mod.dact_dbias_cast_transpose_workspace(*args, describe(dbias)))
+    nc.mod.dact_dbias_cast_transpose(*args, describe(dbias) if dbias is not None else None,
+                                     describe(ws) if ws is not None else None, nc.stream)
     return out, out_t, dbias, scale_inv

@@ -46,6 +46,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .. import native
+from ..native import DTYPE_CODE, describe
 from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
 from .cast import fp8_max_of
 
@@ -332,3 +333,36 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: Optional[torch.dty
                        out_scale=out_scale, out_amax=out_amax, out_scale_inv=out_scale_inv,
                        bias_out=bias_out, addend=addend)
     return GemmOutput(out, bias_out, aux if gelu else None)
+
+
+# ----- the unchecked call of the modules' eager path ----------------------------------------------
+def _unchecked_epilogue(bias, bias_grad):
+    """(epilogue, bias-side descriptor or None): bias added, or B's column sums into bias_grad."""
+    if bias is not None:
+        return EPILOGUE_BIAS, describe(bias)
+    if bias_grad is not None:
+        return EPILOGUE_BGRADB, describe(bias_grad)
+    return EPILOGUE_NONE, None
+
+
+def gemm_unchecked(nc, A, transa, B, transb, out, A_sinv=None, B_sinv=None, bias=None, beta=0.0,
+                   fast_accum=True, bias_grad=None, *, addend=None):
+    """The unchecked native GEMM of the modules' eager path (nc: a NativeCall, kernels/eager.py):
+    out = op(B) @ op(A) (+ bias) (+ beta * out) with the layouts above (transa / transb). bias_grad
+    (layout NT, high precision: a wgrad) receives the column sums of B in the same GEMM.
+    addend (out's shape and dtype, high-precision out): out = op(B) @ op(A) + addend (+ bias), the
+    addend read by the GEMM as its C operand (beta 1; exclusive with beta != 0, accumulation
+    into out). The C API checks the addend's shape and dtype."""
+    a = (A.data_ptr(), A.shape, DTYPE_CODE[A.dtype], 0, 0, A_sinv.data_ptr() if A_sinv is not None else 0)
+    b = (B.data_ptr(), B.shape, DTYPE_CODE[B.dtype], 0, 0, B_sinv.data_ptr() if B_sinv is not None else 0)
+    epilogue, side = _unchecked_epilogue(bias, bias_grad)
+    if addend is None:
+        nc.mod.gemm(a, transa, b, transb, describe(out), side, None, epilogue, 1.0, beta, fast_accum,
+                    nc.ws_ptr, nc.ws_size, nc.stream)
+        return out
+    if beta != 0.0:
+        raise ValueError(f"gemm_unchecked: addend and beta={beta} (accumulation into out) are "
+                         f"exclusive")
+    nc.mod.gemm(a, transa, b, transb, describe(out), side, None, epilogue, 1.0, 1.0, fast_accum,
+                nc.ws_ptr, nc.ws_size, nc.stream, describe(addend))
+    return out

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .. import native
+from ..native import address, describe
 from ._checks import check_fp8_dtype, check_scalar_fp32, check_tensor
 from .cast import quantize_reference
 
@@ -286,3 +287,50 @@ def layernorm(x, gamma, beta, eps=1e-5, zero_centered_gamma=False):
 def rmsnorm(x, gamma, eps=1e-5, zero_centered_gamma=False):
     """Differentiable RMSNorm (native forward and backward where available)."""
     return _RMSNorm.apply(x, gamma, eps, zero_centered_gamma)
+
+
+# ----- the unchecked calls of the modules' eager path (nc: a NativeCall, kernels/eager.py) ------
+def norm_fwd_unchecked(nc, rms, x, gamma, beta, eps, zcg, fp8_dtype=None, scale=None, amax=None):
+    """(out, mu or None, rsigma, scale_inv or None) of LayerNorm/RMSNorm over a 2-D x; FP8 out
+    when fp8_dtype is given (scale and amax as tensors of the recipe state)."""
+    rows, device = x.shape[0], x.device
+    rsigma = torch.empty(rows, dtype=torch.float32, device=device)
+    if fp8_dtype is not None:
+        scale_inv = torch.empty(1, dtype=torch.float32, device=device)
+        out = torch.empty(x.shape, dtype=fp8_dtype, device=device)
+        z = describe(out, address(amax), scale.data_ptr(), scale_inv.data_ptr())
+    else:
+        scale_inv, out = None, torch.empty(x.shape, dtype=x.dtype, device=device)
+        z = describe(out)
+    if rms:
+        nc.mod.rmsnorm_fwd(describe(x), describe(gamma), float(eps), zcg, z, describe(rsigma), nc.stream)
+        return out, None, rsigma, scale_inv
+    mu = torch.empty(rows, dtype=torch.float32, device=device)
+    nc.mod.layernorm_fwd(describe(x), describe(gamma), describe(beta), float(eps), zcg, z, describe(mu),
+                         describe(rsigma), nc.stream)
+    return out, mu, rsigma, scale_inv
+
+
+_NORM_BWD_WS: dict = {}
+_NULL_WS = (0, (0,), native.DTYPE_CODE[torch.uint8], 0, 0, 0)
+
+
+def norm_bwd_unchecked(nc, rms, dz, x, mu, rsigma, gamma, zcg, dresidual=None):
+    """(dx, dgamma, dbeta or None), dresidual (or None) added into dx; the workspace size is
+    asked once per problem and kept."""
+    dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
+    dbeta = None if rms else torch.empty_like(gamma)
+    if rms:
+        args = [describe(dz), describe(x), describe(rsigma), describe(gamma), zcg, describe(dx), describe(dgamma)]
+        fn = nc.mod.rmsnorm_bwd
+    else:
+        args = [describe(dz), describe(x), describe(mu), describe(rsigma), describe(gamma), zcg, describe(dx),
+                describe(dgamma), describe(dbeta)]
+        fn = nc.mod.layernorm_bwd
+    key = (rms, tuple(x.shape), x.dtype, gamma.dtype, x.device)
+    nbytes = _NORM_BWD_WS.get(key)
+    if nbytes is None:
+        nbytes = _NORM_BWD_WS[key] = fn(*args, _NULL_WS, None, nc.stream)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    fn(*args, describe(ws), describe(dresidual) if dresidual is not None else None, nc.stream)
+    return dx, dgamma, dbeta

@@ -31,7 +31,7 @@ from ..kernels.cast import quantize
 from ..kernels.gemm import general_gemm
 from ..quantization import FP8GlobalState, recipe_fp8_dtypes, scale_from_amax
 from ..tensor import Float8BlockwiseQTensor
-from ._norm import param_for
+from ._norm_args import param_for
 from .base import hp_weight
 
 

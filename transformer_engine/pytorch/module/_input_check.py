@@ -19,3 +19,12 @@ def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs):
     """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword)."""
     check_float_input(module, arg, args[0] if args else kwargs.get(arg))
     return nn_call(module, *args, **kwargs)
+
+
+def check_fp8_dims(who: str, tokens: int, *dims: int) -> None:
+    """FP8 GEMMs need every dimension to be a multiple of 16."""
+    bad = [d for d in (tokens,) + dims if d % 16]
+    if bad:
+        raise ValueError(f"{who}: FP8 needs the token count (prod of the input's leading dims) and "
+                         f"the feature sizes to be multiples of 16; got tokens={tokens}, "
+                         f"features={list(dims)}. Pad the batch or run this module outside fp8_autocast.")

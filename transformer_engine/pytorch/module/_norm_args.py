@@ -1,6 +1,7 @@
 """Constructor arguments that te.LayerNorm and te.RMSNorm share with NVIDIA TE: the size as
 `normalized_shape` (torch.nn.LayerNorm's name; `hidden_size` is its deprecated alias) and the
-keyword-only device / dtype / sm_margin."""
+keyword-only device / dtype / sm_margin; the normalisation choice and parameters that the
+norm modules and LayerNormLinear / LayerNormMLP share."""
 from __future__ import annotations
 
 import warnings
@@ -44,3 +45,27 @@ def resolve_norm_args(who: str, normalized_shape: Union[int, Iterable[int], None
         raise NotImplementedError(f"{who}: sm_margin={margin!r}: reserving SMs is not implemented; "
                                   "leave it at 0")
     return size, dtype, kwargs.get("device")
+
+
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+
+def check_normalization(who, normalization):
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"{who}: normalization is {normalization!r}; expected 'LayerNorm' or 'RMSNorm'")
+
+
+def param_for(w, x):
+    """gamma/beta as the kernels take them: in x's dtype or fp32 (16-bit params of an fp32 x are
+    cast)."""
+    if w is None:
+        return None
+    return w if w.dtype in (x.dtype, torch.float32) else w.to(x.dtype)
+
+
+def reset_norm_params(weight, bias, zero_centered_gamma):
+    """gamma = 1 (stored as 0 with zero_centered_gamma), beta = 0."""
+    with torch.no_grad():
+        weight.fill_(0.0 if zero_centered_gamma else 1.0)
+        if bias is not None:
+            bias.zero_()

@@ -1,7 +1,7 @@
 """Weight gradients as pipeline schedules and Megatron-style optimizers expect them.
 
 fuse_wgrad_accumulation=True: the wgrad GEMM adds into the weight's fp32 `main_grad` (beta = 1,
-see _gemms.wgrad_out). What autograd then receives for the weight follows Megatron's DDP
+see library/gemm.py, wgrad_out). What autograd then receives for the weight follows Megatron's DDP
 protocol: a weight that carries a `grad_added_to_main_grad` attribute gets it set to True and
 autograd is handed a placeholder of the weight's shape and dtype (zeros when the weight's
 `zero_out_wgrad` is true, else uninitialised), which that DDP ignores because the flag is set;

@@ -8,10 +8,11 @@ from typing import Callable, Optional
 
 import torch
 
-from ._input_check import call_checked
 from .. import quantization as q
+from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
 from ..tensor import Float8BlockwiseQTensor, Float8Tensor
+from ._input_check import call_checked
 from ._wgrad import DelayedWeightGrad
 
 
@@ -158,7 +159,6 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         phase = s.recompute_phase
         replay = record = None
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
-            from ._casts import record_list, replay_list
             replay, record = replay_list(self, phase), record_list(self, phase)
         # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
         # will deliver, to the forward's step: recorded here, as a recompute may run under an
@@ -327,3 +327,44 @@ def get_workspace() -> torch.Tensor:
         from ..kernels.gemm import gemm_workspace
         return gemm_workspace(torch.device("cuda", torch.cuda.current_device()))
     return torch.empty(0, dtype=torch.uint8)
+
+
+def replay_list(module, phase: int):
+    """During a checkpoint recompute (phase 2) the scales recorded in the forward, else None."""
+    if phase == 2:
+        stash = getattr(module, "_fp8_checkpoint_stash", None)
+        if stash:
+            return stash.pop(0)
+    return None
+
+
+def record_list(module, phase: int):
+    """During a checkpointed forward (phase 1) a fresh list to record this call's scales in."""
+    if phase == 1:
+        lst = []
+        if not hasattr(module, "_fp8_checkpoint_stash") or module._fp8_checkpoint_stash is None:
+            module._fp8_checkpoint_stash = []
+        module._fp8_checkpoint_stash.append(lst)
+        return lst
+    return None
+
+
+def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
+    """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the per-step
+    cache (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
+    if isinstance(weight, Float8Tensor):
+        return weight._data, (weight.transpose_fp8() if need_transpose else None), weight._scale_inv
+    cache = module._fp8_weight_cache if module is not None else None
+    if is_first_microbatch is False and cache is not None and slot in cache:
+        data, data_t, scale_inv = cache[slot]
+        if need_transpose and data_t is None:
+            data_t = transposed(data)
+            cache[slot] = (data, data_t, scale_inv)
+        return data, data_t, scale_inv
+    data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
+                                   fi.replay, fi.record, nc)
+    if is_first_microbatch is not None and module is not None:
+        if module._fp8_weight_cache is None:
+            module._fp8_weight_cache = {}
+        module._fp8_weight_cache[slot] = (data, data_t, scale_inv)
+    return data, data_t, scale_inv

@@ -3,7 +3,7 @@
 
     inp = [x_0; x_1; ...; x_{n-1}]   x_i: m_splits[i] rows        y_i = x_i @ W_i.T + b_i
 
-Each group runs the same GEMMs as te.Linear (see _gemms.py), in high precision or FP8, one
+Each group runs the same GEMMs as te.Linear (see library/gemm.py), in high precision or FP8, one
 after the other on the caller's stream, writing its rows of the output (and of the input
 gradient) in place: groups of different sizes need no padding in high
 precision, and FP8 (which needs every m_i to be a multiple of 16: see Fp8Padding) gives each
@@ -18,10 +18,14 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
-from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, check_fp8_dims, record_amax
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, record_amax
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
 from ._nv_options import check_off
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
 
 _NAME = "GroupedLinear"
 
@@ -91,7 +95,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             x_i = x2d[rows]
             if fp8:
                 xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i], fi.replay, fi.record)
-                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
+                wq, wq_t, w_sinv = fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
                                                      is_first_microbatch)
                 _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b, out=y[rows])
                 saved.append((xq_t, x_sinv, wq_t, w_sinv))
@@ -129,7 +133,7 @@ class _GroupedLinearFn(torch.autograd.Function):
             start += m
             weight = ctx.weights[i]
             if ctx.bias_grad is not None and ctx.bias_grad[i]:
-                dbs[i] = (_reduce.bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
+                dbs[i] = (bias_grad_of(dy[rows], ctx.bias_dtypes[i]) if m else
                           torch.zeros(out_features, dtype=ctx.bias_dtypes[i], device=dy.device))
             if m == 0:
                 if ctx.need_wgrad[i]:

@@ -7,9 +7,8 @@ import torch
 
 from .. import kernels
 from ._input_check import call_checked
-from ._norm import param_for, reset_norm_params
+from ._norm_args import param_for, reset_norm_params, resolve_norm_args
 from .base import default_device
-from ._norm_args import resolve_norm_args
 
 
 class LayerNorm(torch.nn.Module):

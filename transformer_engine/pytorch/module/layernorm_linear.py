@@ -9,13 +9,36 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, cast_grad, record_amax
+from ..library.normalization import norm_backward, norm_fp8, norm_hp
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
+from ._norm_args import check_normalization, param_for, reset_norm_params
 from ._nv_options import check_off
-from . import _blockwise, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast_grad, check_fp8_dims, record_amax
-from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
 from .linear import _split_names, split_weight_and_bias
 
+
+def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp):
+    """The norm step of LayerNormLinear / LayerNormMLP with its tensor-parallel gather (see
+    _parallel.NormTP): (norm output on this rank's rows [high precision, or None when it was
+    written straight to FP8], GEMM input [FP8 data or high precision, all rows], its FP8
+    transpose or None, its scale_inv or None, mu, rsigma)."""
+    norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
+    if fp8 and not tp.gather:
+        ln_out, q, q_t, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0,
+                                                    need_transpose, keep_hp)
+        return ln_out, q, q_t, sinv, mu, rsigma
+    res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
+    full = tp.gather_rows(res.out)
+    if not fp8:
+        return res.out, full, None, None, res.mu, res.rsigma
+    # gathered rows are cast after the gather: every rank's rows with one scale
+    q, q_t, sinv = cast(fi.rs, full, True, 0, need_transpose, fi.replay, fi.record)
+    return res.out, q, q_t, sinv, res.mu, res.rsigma
 
 class _LayerNormLinearFn(torch.autograd.Function):
     @staticmethod
@@ -42,7 +65,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
-            wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
             y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in_t, ln_sinv, wq_t, w_sinv)
         else:
@@ -100,7 +123,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
                 dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
                     ln_saved, dy, ctx.weight, fuse, out_features, in_features))
             if db_dtype is not None and db is None:
-                db = _reduce.bias_grad_of(dy, db_dtype)
+                db = bias_grad_of(dy, db_dtype)
         if fi.step is not None:
             fi.step.backward_finished()
         dx = dgamma = dbeta = None

@@ -6,23 +6,31 @@ current scaling needs the activation's amax first: activation, then cast+transpo
 with bias. Backward: dy cast+transposed with FC2's bias gradient in one pass, FC2 dgrad, then
 one kernel for dact + FC1's bias gradient + FP8 cast + transpose (delayed scaling), FC1
 dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue (its aux output
-is the saved pre-activation). On the native core in eager mode these run as direct calls
-(_fast.py); the checked ops serve torch.compile, checkpoint recompute and the reference."""
+is the saved pre-activation). On the native core in eager mode these run as the unchecked calls
+of kernels/<family>.py; the checked ops serve torch.compile, checkpoint recompute and the
+reference."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
 import torch
 
-from ._nv_options import check_off
-from ..library import dispatch as K
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
-from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, cast_grad, cast_scale, check_fp8_dims, record_amax, record_scale, transposed
-from ._norm import check_normalization, norm_backward, norm_for_gemm, param_for, reset_norm_params
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
+from ..library import dispatch as K
+from ..library import gemm as _gemms
+from ..library.activation import (act_cast_transpose, activation_fp8, bias_grad_of,
+                                  dact_cast_transpose, dbias_dactivation_fp8)
+from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scale, transposed
+from ..library.normalization import norm_backward
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
+from ._norm_args import check_normalization, param_for, reset_norm_params
+from ._nv_options import check_off
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
+from .layernorm_linear import norm_for_gemm
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS) + tuple(GATED) + (CLAMPED_SWIGLU,)
 
@@ -49,26 +57,14 @@ def _act_backward(module, da, h):
     return K.activation_backward(da, h, module.activation)
 
 
-def _direct(fi, h, backward=False):
-    """The direct native call (_fast.py) for the fused FP8 kernels that use the module's own scale
-    (in the forward, not a checkpoint's recorded one), else None."""
-    ok = _fast.usable_backward(fi) if backward else _fast.usable(fi)
-    if not ok or h.dim() != 2 or not h.is_contiguous():
-        return None
-    return _fast.native_call(h)
-
-
 def _act_fp8(module, fi, h, activation, slot):
     """(fp8 activation output, scale_inv): the activation kernel casts as it writes (delayed),
     or high precision then cast (current scaling needs the amax first)."""
     if fi.rs.delayed:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
-        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous()
-              and activation != CLAMPED_SWIGLU else None)
-        if nc is not None:
-            return _fast.activation_fp8(nc, h, ACTIVATIONS[GATED.get(activation, activation)],
-                                        activation in GATED, fi.rs.fwd_dtype, scale, amax)
+        if activation != CLAMPED_SWIGLU:
+            return activation_fp8(h, activation, fi.rs.fwd_dtype, scale, amax)
         return _act_forward(module, h, fi.rs.fwd_dtype, scale, amax)
     a = _act_forward(module, h)
     data, _, scale_inv = cast(fi.rs, a, True, slot, False, fi.replay, fi.record)
@@ -80,18 +76,17 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     act = module.activation
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
-    w1q, w1q_t, w1_sinv = _gemms.fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
-    nc = _direct(fi, h) if fi.rs.delayed and need["w2"] and act != CLAMPED_SWIGLU else None
-    if nc is not None:  # activation, FP8 cast and FC2-wgrad transpose in one pass
-        aq, aq_t, a_sinv = _fast.act_cast_transpose(nc, fi.rs, h, ACTIVATIONS[GATED.get(act, act)],
-                                                    act in GATED, 2)
+    # activation, FP8 cast and FC2-wgrad transpose in one pass where the eager path serves it
+    fused = act_cast_transpose(fi, h, act, 2) if need["w2"] else None
+    if fused is not None:
+        aq, aq_t, a_sinv = fused
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
     # FC2's transposed weight serves the backward's FC2 dgrad, which any backward runs
-    w2q, w2q_t, w2_sinv = _gemms.fp8_weight(module, w2, fi, 3, any(need.values()),
-                                            is_first_microbatch)
+    w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, any(need.values()), is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
@@ -122,7 +117,7 @@ def _dact(module, da, h, b1_grad, dtype):
     act = module.activation
     if _gated(act):
         dh = _act_backward(module, da, h)
-        return dh, (_reduce.bias_grad_of(dh, dtype) if b1_grad else None)
+        return dh, (bias_grad_of(dh, dtype) if b1_grad else None)
     dh, db1 = K.dbias_dactivation(da, h, act)
     return dh, (db1 if b1_grad else None)
 
@@ -139,23 +134,15 @@ def _dact_fp8(ctx, da, h, need_transpose):
     path), or the dbias + dact kernel writing FP8 then a 1-byte transpose (plain activations).
     Otherwise high precision, then cast + transpose (current scaling needs dh's amax first)."""
     rs, act = ctx.fi.rs, ctx.module.activation
-    nc = (_direct(ctx.fi, h, backward=True) if rs.delayed and need_transpose and da.is_contiguous()
-          and da.dtype == h.dtype and act != CLAMPED_SWIGLU else None)
-    if nc is not None:  # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass
-        dhq, dhq_t, db1, dh_sinv = _fast.dact_dbias_cast_transpose(
-            nc, rs, da, h, ACTIVATIONS[GATED.get(act, act)], act in GATED, 1,
-            h.dtype if ctx.b1_grad else None)
+    # dact (+ dbias), FP8 cast and FC1-wgrad transpose in one pass where the eager path serves it
+    fused = (dact_cast_transpose(ctx.fi, da, h, act, 1, h.dtype if ctx.b1_grad else None)
+             if need_transpose else None)
+    if fused is not None:
+        dhq, dhq_t, db1, dh_sinv = fused
         return dhq, dhq_t, dh_sinv, db1
     if rs.delayed and not _gated(act):
         scale, amax = cast_scale(rs, None, False, 1, None)
-        nc = (_fast.native_call(h) if h.dim() == 2 and h.is_contiguous() and da.is_contiguous()
-              and da.dtype == h.dtype else None)
-        if nc is not None:
-            dhq, db1, dh_sinv = _fast.dbias_dact_fp8(nc, da, h, ACTIVATIONS[act], h.dtype,
-                                                     rs.bwd_dtype, scale, amax)
-        else:
-            dhq, db1, dh_sinv = K.dbias_dactivation(da, h, act, fp8_dtype=rs.bwd_dtype, scale=scale,
-                                                    amax=amax)
+        dhq, db1, dh_sinv = dbias_dactivation_fp8(da, h, act, rs.bwd_dtype, scale, amax)
         dhq_t = transposed(dhq) if need_transpose else None
         return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
     dh, db1 = _dact(ctx.module, da, h, ctx.b1_grad, ctx.dtype)
@@ -242,7 +229,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
                     a_t, dy, ctx.weights[1], fuse, *w2_shape))
             if db2_dtype is not None and db2 is None:
-                db2 = _reduce.bias_grad_of(dy, db2_dtype)
+                db2 = bias_grad_of(dy, db2_dtype)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:

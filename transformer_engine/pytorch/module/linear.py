@@ -1,6 +1,9 @@
-"""te.Linear: y = x @ W.T + b as one autograd Function, in high precision or FP8 (see _gemms.py
-for the GEMMs; FP8: the input is cast and transposed in one pass, the weight's FP8 copy and
-transpose are cached per step with is_first_microbatch, the bias rides the GEMM epilogue)."""
+"""te.Linear: y = x @ W.T + b as one autograd Function, in high precision or FP8 (see
+library/gemm.py for the GEMMs; FP8: the input is cast and transposed in one pass, the weight's
+FP8 copy and transpose are cached per step with is_first_microbatch, the bias rides the GEMM
+epilogue). In eager mode on the native core each direction is one native call
+(kernels/linear_step.py); the checked ops serve torch.compile, checkpoint recompute and the
+reference backend."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -8,12 +11,17 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import distributed as dist_te
-from .base import TransformerEngineBaseModule, default_device, default_init_method, hp_weight
-from ..tensor import Float8Tensor
+from ..kernels import eager, linear_step
 from ..library import dispatch as K
-from . import _blockwise, _fast, _gemms, _parallel, _reduce, _wgrad
-from ._casts import cast, check_fp8_dims, record_amax
+from ..library import gemm as _gemms
+from ..library.activation import bias_grad_of
+from ..library.cast import cast, record_amax
+from ..tensor import Float8Tensor
+from . import _blockwise, _parallel, _wgrad
+from ._input_check import check_fp8_dims
 from ._nv_options import check_off
+from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
+                   hp_weight)
 
 
 class _LinearFn(torch.autograd.Function):
@@ -48,7 +56,7 @@ class _LinearFn(torch.autograd.Function):
                 bias = bias.to(dtype)
             if not bias.is_contiguous():
                 bias = bias.contiguous()
-        ctx.layout = None
+        ctx.plan = None  # the FP8 step's native plan when the forward ran it
         r2d = None
         if residual is not None:
             r2d = residual.reshape(tokens, out_features)
@@ -62,7 +70,7 @@ class _LinearFn(torch.autograd.Function):
                                       need_wgrad, is_first_microbatch, r2d)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
-                wq, wq_t, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
+                wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
@@ -73,11 +81,7 @@ class _LinearFn(torch.autograd.Function):
                 record_amax(fi.rs, w, True, 1)
             if nc is not None and tokens > 0:
                 w = w if w.is_contiguous() else w.contiguous()
-                y = torch.empty(tokens, out_features, dtype=dtype, device=x2d.device)
-                nc.mod.linear_hp_forward(
-                    x2d.data_ptr(), tokens, in_features, w.data_ptr(), out_features, _CODE[dtype],
-                    y.data_ptr(), bias.data_ptr() if bias is not None else 0, _CODE[dtype],
-                    r2d.data_ptr() if r2d is not None else 0, nc.env)
+                y = linear_step.hp_forward(nc, x2d, w, bias, r2d, dtype)
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
@@ -102,18 +106,18 @@ class _LinearFn(torch.autograd.Function):
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
         # a delayed weight gradient takes the checked ops (its GEMM runs later, in backward_dw)
-        nc = (_fast.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and _fast.usable_backward(fi)
+        nc = (eager.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and eager.usable_backward(fi)
               and not ctx.delay else None)
         # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
         # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
-        # into an fp32 main_grad; see _gemms.bias_grad_in_wgrad_epilogue)
+        # into an fp32 main_grad; see library/gemm.py, bias_grad_in_wgrad_epilogue)
         fused_db = nc is not None and ctx.need_wgrad and ctx.has_bias_grad and (
             ctx.fp8 or (not ctx.fuse and ctx.bias_dtype == ctx.dtype
                         and _gemms.bias_grad_in_wgrad_epilogue(dy)))
         # high precision on the direct path: linear_hp_backward makes the bias gradient too (the
         # epilogue, or the column-sum kernels in the same call)
         native_db = nc is not None and ctx.has_bias_grad and not ctx.fp8
-        db = (_reduce.bias_grad_of(dy, ctx.bias_dtype)
+        db = (bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
@@ -149,27 +153,14 @@ _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
 
 
 def _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db):
-    """dgrad, then wgrad, in one native call (linear_hp_backward: the same GEMMs as _fast.gemm),
-    which also makes the bias gradient: in the wgrad GEMM's epilogue when fused_db, else with the
-    column-sum kernels (nvte_dbias) ahead of the GEMMs; a wgrad accumulated into main_grad
-    (fuse_wgrad_accumulation) follows through _gemms. Returns (dx, dw, db)."""
+    """dgrad, then wgrad, and the bias gradient in one native call (kernels/linear_step.py): the
+    bias gradient in the wgrad GEMM's epilogue when fused_db, else by the column-sum kernels; a
+    wgrad accumulated into main_grad (fuse_wgrad_accumulation) follows (library/gemm.py).
+    Returns (dx, dw, db)."""
     _, out_features, in_features = ctx.shapes
-    tokens, dtype, device = dy.shape[0], ctx.dtype, dy.device
-    own_dw = ctx.need_wgrad and not ctx.fuse
-    db_shared = ctx.has_bias_grad and ctx.bias_dtype == dtype
-    dx, dw, db = _fast.step_grads(device, dtype, (
-        (tokens, in_features) if ctx.need_dgrad else None,
-        (out_features, in_features) if own_dw else None,
-        (out_features,) if db_shared else None))
-    if ctx.has_bias_grad and db is None:  # a bias of another dtype than the compute dtype
-        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device)
-    code = _CODE[dtype]
-    nc.mod.linear_hp_backward(
-        dy.data_ptr(), tokens, out_features, in_features, code,
-        w.data_ptr() if dx is not None else 0, dx.data_ptr() if dx is not None else 0,
-        x2d.data_ptr() if dw is not None else 0, dw.data_ptr() if dw is not None else 0,
-        db.data_ptr() if db is not None else 0, _CODE[db.dtype] if db is not None else code,
-        fused_db, nc.env)
+    dx, dw, db = linear_step.hp_backward(
+        nc, dy, x2d, w, in_features, ctx.dtype, ctx.need_dgrad, ctx.need_wgrad and not ctx.fuse,
+        ctx.bias_dtype if ctx.has_bias_grad else None, fused_db)
     if ctx.need_wgrad and ctx.fuse:
         dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, True, out_features, in_features)
     return dx, dw, db
@@ -186,144 +177,72 @@ def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
     return dx, dw
 
 
-# ----- the direct FP8 path: operands in arenas (see _fast.py) ------------------------------------
-# forward: `scratch` holds the FP8 data of x and W (read by the fprop GEMM only), `kept` what the
-# backward reads: [x scale_inv | W scale_inv | x.T | W.T]; ctx.layout keeps the offsets. Every
-# region, scale_invs included, starts on its own 256-byte boundary (cuBLASLt refuses FP8 GEMMs
-# whose scale pointers are only 4-byte aligned: CUBLAS_STATUS_NOT_SUPPORTED).
-_W_SINV = _fast._ALIGN
-_OFF_XT = 2 * _fast._ALIGN
-_CODE = _fast._CODE
-
-
+# ----- the direct FP8 path: one native call per direction (kernels/linear_step.py) -------------
 def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad, need_wgrad,
                       is_first_microbatch, r2d=None):
-    """y = x @ W.T (+ bias) in FP8 through one native call (linear_fp8_forward: the same C API
-    calls, kernels and bits as the checked path's casts and GEMM); what the backward reads is
-    kept in one allocation, the FP8 data that only this call's GEMM reads in the call's scratch."""
-    rs, device = fi.rs, x2d.device
+    """y = x @ W.T (+ bias) in FP8 through the step's native plan (the same C API calls, kernels
+    and bits as the checked path's casts and GEMM); a weight cast of this step (not a
+    Float8Tensor, no microbatch cache) is the plan's to make."""
+    rs = fi.rs
     tokens, in_features = x2d.shape
     out_features = weight.shape[0]
-    # a weight cast of this step (not a Float8Tensor, no microbatch cache) joins the arenas
     fresh_w = is_first_microbatch is None and not isinstance(weight, Float8Tensor)
-    nx = _fast.aligned(tokens * in_features)
-    nw = _fast.aligned(out_features * in_features) if fresh_w else 0
-    off_wt = _OFF_XT + (nx if need_wgrad else 0)
-    kept = _fast.arena(off_wt + (nw if need_dgrad else 0), device)
-    scratch = _fast.call_scratch(nc, nx + nw)  # read by this call's GEMM only
-    kp, sp = kept.data_ptr(), scratch.data_ptr()
-    code = _CODE[rs.fwd_dtype]
     if fresh_w:
         w = weight if weight.is_contiguous() else weight.contiguous()
-        w_ptr, w_code = w.data_ptr(), _CODE[w.dtype]
-        wq, wq_code, wq_t, w_sinv_ptr = sp + nx, code, (kp + off_wt if need_dgrad else 0), kp + _W_SINV
-        wq_t_saved = w_sinv = None
+        wq_t = w_sinv = None
+        w_dtype, wq_dtype = w.dtype, rs.fwd_dtype
     else:
-        data, wq_t_saved, w_sinv = _gemms.fp8_weight(module, weight, fi, 1, need_dgrad,
-                                                     is_first_microbatch, nc)
-        w_ptr = w_code = wq_t = 0
-        wq, wq_code, w_sinv_ptr = data.data_ptr(), _CODE[data.dtype], w_sinv.data_ptr()
-    y = torch.empty(tokens, out_features, dtype=dtype, device=device)
-    nc.mod.linear_fp8_forward(
-        x2d.data_ptr(), _CODE[x2d.dtype], tokens, in_features, w_ptr, w_code, out_features, fresh_w,
-        (rs._ptrs or rs._pointers())[0], rs.delayed, code, sp, kp + _OFF_XT if need_wgrad else 0, kp,
-        wq, wq_code, wq_t, w_sinv_ptr, y.data_ptr(), _CODE[dtype],
-        bias.data_ptr() if bias is not None else 0, _CODE[bias.dtype] if bias is not None else 0,
-        r2d.data_ptr() if r2d is not None else 0, nc.env)
-    ctx.save_for_backward(kept, None, wq_t_saved, w_sinv)
-    ctx.layout = (_OFF_XT, off_wt if fresh_w else None)
+        w, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch, nc)
+        w_dtype = wq_dtype = w.dtype
+    # dy's cast sums the bias gradient when the backward makes a weight gradient (the cast with
+    # the transpose)
+    db_dtype = ctx.bias_dtype if ctx.has_bias_grad and need_wgrad else None
+    plan = linear_step.fp8_plan(nc, rs, (tokens, in_features, out_features, dtype, w_dtype,
+                                         wq_dtype, fresh_w, need_dgrad, need_wgrad, db_dtype))
+    y, kept = linear_step.fp8_forward(nc, plan, x2d, w, w_sinv, bias, r2d, dtype)
+    ctx.save_for_backward(kept, None, wq_t, w_sinv)
+    ctx.plan = plan
     return y
 
 
 def _saved_fp8_tensors(ctx, saved):
     """(xq_t, x_sinv, wq_t, w_sinv) as tensors, whichever forward path saved them (the checked
-    backward needs tensor objects; arenas give views)."""
-    if ctx.layout is None:
+    backward needs tensor objects)."""
+    if ctx.plan is None:
         return saved
     kept, _, wq_t, w_sinv = saved
-    off_xt, off_wt = ctx.layout
-    _, out_features, in_features = ctx.shapes
-    dtype = ctx.fi.rs.fwd_dtype
-    tokens = ctx.tokens
-    xq_t = _fast.region_view(kept, off_xt, (in_features, tokens), dtype) if ctx.need_wgrad else None
-    x_sinv = _fast.region_view(kept, 0, (1,), torch.float32)
-    if off_wt is not None:
-        wq_t = _fast.region_view(kept, off_wt, (in_features, out_features), dtype) if ctx.need_dgrad else None
-        w_sinv = _fast.region_view(kept, _W_SINV, (1,), torch.float32)
-    return xq_t, x_sinv, wq_t, w_sinv
+    return linear_step.saved_operands(ctx.plan, kept, wq_t, w_sinv, ctx.fi.rs.fwd_dtype)
 
 
 def _fp8_backward_fast(ctx, nc, dy, saved):
-    """dgrad and wgrad in FP8 through one native call (linear_fp8_backward) on the saved operands
-    (arena regions or tensors); with a weight gradient to make, dy's cast+transpose also yields
-    the bias gradient (returned third, else None). dy's FP8 data, transpose, scale_inv and the
-    bias-gradient workspace live in the call's scratch (read by this call's kernels only)."""
+    """dgrad and wgrad in FP8 through the step's native plan on the saved operands; with a
+    weight gradient to make, dy's cast also yields the bias gradient (returned third, else None).
+    The backward that finishes a delayed-scaling step launches the step's update itself."""
     _, out_features, in_features = ctx.shapes
-    rs, tokens, device = ctx.fi.rs, dy.shape[0], dy.device
-    need_dgrad, need_wgrad = ctx.need_dgrad, ctx.need_wgrad
-    layout = ctx.layout
-    if layout is None:  # a checked forward (checkpoint recompute) saved tensors
+    plan = ctx.plan
+    if plan is None:  # a checked forward (checkpoint recompute) saved tensors
         xq_t, x_sinv, wq_t, w_sinv = saved
-        x_t, x_code = (xq_t.data_ptr(), _CODE[xq_t.dtype]) if xq_t is not None else (0, 0)
-        x_sinv_ptr, off_wt = x_sinv.data_ptr(), None
+        rs = ctx.fi.rs
+        wq_dtype = wq_t.dtype if wq_t is not None else rs.fwd_dtype
+        db_dtype = ctx.bias_dtype if ctx.has_bias_grad and ctx.need_wgrad else None
+        plan = linear_step.fp8_plan(nc, rs, (dy.shape[0], in_features, out_features, ctx.dtype,
+                                             wq_dtype, wq_dtype, False, ctx.need_dgrad,
+                                             ctx.need_wgrad, db_dtype))
+        operands = (None, xq_t, x_sinv, wq_t, w_sinv)
     else:
         kept, _, wq_t, w_sinv = saved
-        kp = kept.data_ptr()
-        off_xt, off_wt = layout
-        x_t, x_code, x_sinv_ptr = kp + off_xt, _CODE[rs.fwd_dtype], kp
-    if off_wt is not None:
-        w_t, w_code, w_sinv_ptr = kp + off_wt, _CODE[rs.fwd_dtype], kp + _W_SINV
-    else:
-        w_t, w_code = (wq_t.data_ptr(), _CODE[wq_t.dtype]) if wq_t is not None else (0, 0)
-        w_sinv_ptr = w_sinv.data_ptr()
-    code = _CODE[rs.bwd_dtype]
-    n = _fast.aligned(tokens * out_features)
-    n_t = n if need_wgrad else 0
-    if need_wgrad and ctx.has_bias_grad:  # [dyq | dyq.T | scale_inv | dbias workspace]
-        ws_elems = _fast.dbias_workspace_elems(nc, tokens, out_features, _CODE[dy.dtype], code,
-                                               ctx.bias_dtype)
-        buf = _fast.call_scratch(nc, n + n_t + _fast._ALIGN + 4 * ws_elems)
-    else:  # [dyq | dyq.T | scale_inv]
-        buf = _fast.call_scratch(nc, n + n_t + 4)
-        ws_elems = 0
-    bp = buf.data_ptr()
-    own_dw = need_wgrad and not ctx.fuse
-    want_db = need_wgrad and ctx.has_bias_grad
-    if ctx.bias_dtype in (None, ctx.dtype):
-        dx, dw, db = _fast.step_grads(device, ctx.dtype, (
-            (tokens, in_features) if need_dgrad else None,
-            (out_features, in_features) if own_dw else None,
-            (out_features,) if want_db else None))
-    else:
-        dx, dw = _fast.step_grads(device, ctx.dtype, (
-            (tokens, in_features) if need_dgrad else None,
-            (out_features, in_features) if own_dw else None))
-        db = torch.empty(out_features, dtype=ctx.bias_dtype, device=device) if want_db else None
-    db_ptr, db_code = (db.data_ptr(), _CODE[db.dtype]) if db is not None else (0, 0)
-    dw_ptr, dw_code, beta = 0, 0, 0.0
-    if need_wgrad:
-        if ctx.fuse:  # accumulate into the fp32 main_grad
-            out, beta = _gemms.wgrad_out(ctx.weight, True)[0], 1.0
-            if out.shape != (out_features, in_features) or not out.is_contiguous():
-                raise ValueError(f"Linear: weight.main_grad has shape {tuple(out.shape)} (contiguous: "
-                                 f"{out.is_contiguous()}); expected a contiguous "
-                                 f"[{out_features}, {in_features}] tensor to accumulate into")
-        else:
-            out = dw
-        dw_ptr, dw_code = out.data_ptr(), _CODE[out.dtype]
-    # the backward that finishes a delayed-scaling step launches the step's update itself
+        operands = (kept, None, None, wq_t, w_sinv)
+    main_grad = None
+    if ctx.need_wgrad and ctx.fuse:  # accumulate into the fp32 main_grad
+        main_grad = _gemms.wgrad_out(ctx.weight, True)[0]
+        if main_grad.shape != (out_features, in_features) or not main_grad.is_contiguous():
+            raise ValueError(f"Linear: weight.main_grad has shape {tuple(main_grad.shape)} "
+                             f"(contiguous: {main_grad.is_contiguous()}); expected a contiguous "
+                             f"[{out_features}, {in_features}] tensor to accumulate into")
     step = ctx.fi.step
     final = step.take_final_update() if step is not None else None
-    nc.mod.linear_fp8_backward(
-        dy.data_ptr(), _CODE[dy.dtype], tokens, out_features, in_features,
-        (rs._ptrs or rs._pointers())[1], rs.delayed, code,
-        bp, bp + n if need_wgrad else 0, bp + n + n_t, db_ptr, db_code, bp + n + n_t + _fast._ALIGN,
-        ws_elems, w_t, w_code, w_sinv_ptr, dx.data_ptr() if need_dgrad else 0, _CODE[ctx.dtype],
-        x_t, x_code, x_sinv_ptr, dw_ptr, dw_code, beta, nc.env, *(final or _NO_UPDATE))
-    return dx, dw, db
-
-
-_NO_UPDATE = (None, 0, 0.0)
+    return linear_step.fp8_backward(nc, plan, dy, operands, ctx.dtype, ctx.bias_dtype, main_grad,
+                                    final)
 
 
 def _split_names(parameters_split, out_features):
@@ -637,7 +556,7 @@ class Linear(TransformerEngineBaseModule):
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
         # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
-        nc = (_fast.native_call(inp) if _fast.usable(fi) and not self.delay_wgrad_compute
+        nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
               else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)

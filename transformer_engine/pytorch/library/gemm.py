@@ -1,5 +1,7 @@
-"""The GEMMs of a linear layer, in high precision or FP8, shared by Linear, LayerNormLinear and
-LayerNormMLP (see kernels/gemm.py for the layouts):
+"""The GEMMs of a linear layer, in high precision or FP8, shared by Linear, LayerNormLinear,
+LayerNormMLP and GroupedLinear: the chooser of the GEMM family. In eager mode on the native core
+the unchecked call of kernels/gemm.py runs (the module checked shapes and dtypes); otherwise the
+checked op (dispatch: the kernel or, traced, its custom op). See kernels/gemm.py for the layouts:
 
     fprop  y  = x @ W.T (+ b)   TN: A = W  [out, in],      B = x  [tokens, in]
     dgrad  dx = dy @ W          FP8 TN: A = W.T (cached),  B = dy; high precision NN
@@ -11,41 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from ..library import dispatch as K
-from ..kernels.gemm import GemmOutput
-from ..tensor import Float8Tensor
-from . import _fast
-from ._casts import cast, transposed
-from ._reduce import bias_grad_of
-
-
-def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
-    """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the per-step
-    cache (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
-    if isinstance(weight, Float8Tensor):
-        return weight._data, (weight.transpose_fp8() if need_transpose else None), weight._scale_inv
-    cache = module._fp8_weight_cache if module is not None else None
-    if is_first_microbatch is False and cache is not None and slot in cache:
-        data, data_t, scale_inv = cache[slot]
-        if need_transpose and data_t is None:
-            data_t = transposed(data)
-            cache[slot] = (data, data_t, scale_inv)
-        return data, data_t, scale_inv
-    if nc is not None:
-        data, data_t, scale_inv = _fast.cast(nc, fi.rs, weight.contiguous(), True, slot, need_transpose)
-    else:
-        data, data_t, scale_inv = cast(fi.rs, weight.contiguous(), True, slot, need_transpose,
-                                       fi.replay, fi.record)
-    if is_first_microbatch is not None and module is not None:
-        if module._fp8_weight_cache is None:
-            module._fp8_weight_cache = {}
-        module._fp8_weight_cache[slot] = (data, data_t, scale_inv)
-    return data, data_t, scale_inv
+from . import dispatch as K
+from .activation import bias_grad_of
+from ..kernels import eager
+from ..kernels.gemm import GemmOutput, gemm_unchecked
 
 
 def _direct(x):
-    """The direct native call for an eager 2-D GEMM operand (see _fast.py), else None."""
-    return _fast.native_call(x) if x.dim() == 2 else None
+    """The direct native call for an eager 2-D GEMM operand (kernels/eager.py), else None."""
+    return eager.native_call(x) if x.dim() == 2 else None
 
 
 def _bias_for(bias, dtype):
@@ -70,7 +46,7 @@ def fprop_hp(w, x2d, bias=None, addend=None, out=None):
         return _into(out, K.general_gemm(w, x2d, layout="TN", bias=bias, addend=addend).out)
     if out is None:
         out = torch.empty(x2d.shape[0], w.shape[0], dtype=x2d.dtype, device=x2d.device)
-    return _fast.gemm(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
+    return gemm_unchecked(nc, w, True, x2d, False, out, bias=_bias_for(bias, x2d.dtype), addend=addend)
 
 
 def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=None, out=None):
@@ -78,7 +54,7 @@ def fprop_fp8(wq, w_sinv, xq, x_sinv, out_dtype, bias=None, gelu=False, addend=N
     if nc is not None:
         if out is None:
             out = torch.empty(xq.shape[0], wq.shape[0], dtype=out_dtype, device=xq.device)
-        return GemmOutput(_fast.gemm(nc, wq, True, xq, False, out, w_sinv, x_sinv,
+        return GemmOutput(gemm_unchecked(nc, wq, True, xq, False, out, w_sinv, x_sinv,
                                        _bias_for(bias, out_dtype), addend=addend), None, None)
     res = K.general_gemm(wq, xq, out_dtype, layout="TN", A_scale_inv=w_sinv, B_scale_inv=x_sinv,
                          bias=bias, gelu=gelu, addend=addend)
@@ -90,7 +66,7 @@ def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype, out=None):
     if nc is not None:
         if out is None:
             out = torch.empty(dyq.shape[0], wq_t.shape[0], dtype=out_dtype, device=dyq.device)
-        return _fast.gemm(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
+        return gemm_unchecked(nc, wq_t, True, dyq, False, out, w_sinv, dy_sinv)
     return _into(out, K.general_gemm(wq_t, dyq, out_dtype, layout="TN", A_scale_inv=w_sinv,
                                      B_scale_inv=dy_sinv).out)
 
@@ -112,7 +88,7 @@ def wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, out_dtype, weight, fuse):
     if nc is not None:
         if out is None:
             out = torch.empty(dyq_t.shape[0], xq_t.shape[0], dtype=out_dtype, device=dyq_t.device)
-        _fast.gemm(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0 if acc else 0.0,
+        gemm_unchecked(nc, xq_t, True, dyq_t, False, out, x_sinv, dy_sinv, beta=1.0 if acc else 0.0,
                    fast_accum=False)
         return None if fuse else out
     res = K.general_gemm(xq_t, dyq_t, out.dtype if out is not None else out_dtype, layout="TN",
@@ -131,11 +107,17 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
     if nc is not None:
         if out is None:
             out = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
-        _fast.gemm(nc, x2d, False, dy2d, True, out, beta=1.0 if acc else 0.0)
+        gemm_unchecked(nc, x2d, False, dy2d, True, out, beta=1.0 if acc else 0.0)
         return None if fuse else out
     res = K.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
                            out=out, accumulate=acc).out
     return None if fuse else res
+
+
+# The wgrad GEMM's bias-gradient epilogue (BGRADB) saves a launch, not a pass over dY: cuBLASLt
+# runs it as a second kernel, and a slower one than a plain column sum (H100, dY 16384 x 16384
+# bf16: 0.30 ms against 0.18 ms for torch's sum, which is at copy bandwidth). It therefore
+# serves only small gradients, where the launch (host time) is what costs.
 
 
 # The wgrad GEMM's bias-gradient epilogue (BGRADB) saves a launch, not a pass over dY: cuBLASLt
@@ -161,7 +143,7 @@ def wgrad_bgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int,
                 bias_grad_of(dy2d, bias_dtype))
     db = torch.empty(out_features, dtype=bias_dtype, device=dy2d.device)
     dw = torch.empty(out_features, in_features, dtype=dy2d.dtype, device=dy2d.device)
-    _fast.gemm(nc, x2d, False, dy2d, True, dw, bias_grad=db)
+    gemm_unchecked(nc, x2d, False, dy2d, True, dw, bias_grad=db)
     return dw, db
 
 
@@ -170,5 +152,5 @@ def dgrad_hp(w, dy2d, out=None):
     if nc is not None:
         if out is None:
             out = torch.empty(dy2d.shape[0], w.shape[1], dtype=dy2d.dtype, device=dy2d.device)
-        return _fast.gemm(nc, w, False, dy2d, False, out)
+        return gemm_unchecked(nc, w, False, dy2d, False, out)
     return _into(out, K.general_gemm(w, dy2d, layout="NN").out)

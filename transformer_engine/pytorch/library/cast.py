@@ -1,4 +1,7 @@
-"""FP8 casts of the modules' GEMM operands, shared by Linear, LayerNormLinear and LayerNormMLP.
+"""FP8 casts of the modules' GEMM operands, shared by Linear, LayerNormLinear and LayerNormMLP:
+the chooser of the cast family. In eager mode on the native core the unchecked calls of
+kernels/cast.py and kernels/cast_fused.py run (scale and amax as pointers into the module's
+recipe state); otherwise the checked ops (dispatch: the kernels or, traced, their custom ops).
 
 Each returns the FP8 data, its transpose when the backward needs it (Hopper FP8 GEMMs take
 only the TN layout) and the scale_inv the data was made with (a fresh value per cast, so a
@@ -10,10 +13,12 @@ from typing import Optional
 
 import torch
 
-from ..library import dispatch as K
-from . import _fast
-from ._reduce import bias_grad_of
-from ..quantization import FP8GlobalState, RecipeState
+from . import dispatch as K
+from .activation import bias_grad_of
+from ..kernels import eager
+from ..kernels.cast import cast_unchecked, transpose_unchecked
+from ..kernels.cast_fused import cast_transpose_dbias_unchecked
+from ..quantization import RecipeState
 
 
 def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
@@ -40,13 +45,16 @@ def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
         saved.append(scale.clone())
 
 
-def cast(rs, x, forward, slot, need_transpose, replay=None, record=None):
-    """(data, data_t or None, scale_inv) of a 2-D tensor."""
+def cast(rs, x, forward, slot, need_transpose, replay=None, record=None, nc=None):
+    """(data, data_t or None, scale_inv) of a 2-D tensor. nc: the caller's eager native call
+    when it already took one for a plain call (a contiguous x, no replay or record)."""
+    if nc is not None:
+        return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
     if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
             rs.delayed or not rs.recipe.use_power_2_scales):
-        nc = _fast.native_call(x)
+        nc = eager.native_call(x)
         if nc is not None:  # eager on the native core: the direct calls, same kernels and bits
-            return _fast.cast(nc, rs, x, forward, slot, need_transpose)
+            return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
     scale, amax = cast_scale(rs, x, forward, slot, replay)
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
@@ -60,10 +68,10 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
     """(dyq, dyq_t or None, scale_inv, db or None) of an output gradient (backward slot 0). With a
     bias gradient to make (db_dtype not None) and a transpose wanted, on the direct path, one
     kernel casts, transposes and sums the columns; otherwise the cast, then an fp32 column sum."""
-    if db_dtype is not None and need_transpose and _fast.usable_backward(fi) and dy.dim() == 2:
-        nc = _fast.native_call(dy)
+    if db_dtype is not None and need_transpose and eager.usable_backward(fi) and dy.dim() == 2:
+        nc = eager.native_call(dy)
         if nc is not None:
-            dyq, dyq_t, db, dy_sinv = _fast.cast_dbias(nc, fi.rs, dy, 0, db_dtype)
+            dyq, dyq_t, db, dy_sinv = cast_transpose_dbias_unchecked(nc, fi.rs, dy, 0, db_dtype)
             return dyq, dyq_t, dy_sinv, db
     db = None
     if db_dtype is not None:
@@ -73,45 +81,12 @@ def cast_grad(fi, dy, need_transpose: bool, db_dtype):
 
 
 def transposed(data: torch.Tensor) -> torch.Tensor:
-    nc = _fast.native_call(data) if data.dim() == 2 else None
+    nc = eager.native_call(data) if data.dim() == 2 else None
     if nc is not None:
-        return _fast.transpose(nc, data)
+        return transpose_unchecked(nc, data)
     return K.transpose(data)
-
-
-def check_fp8_dims(who: str, tokens: int, *dims: int) -> None:
-    """FP8 GEMMs need every dimension to be a multiple of 16."""
-    bad = [d for d in (tokens,) + dims if d % 16]
-    if bad:
-        raise ValueError(f"{who}: FP8 needs the token count (prod of the input's leading dims) and "
-                         f"the feature sizes to be multiples of 16; got tokens={tokens}, "
-                         f"features={list(dims)}. Pad the batch or run this module outside fp8_autocast.")
-
-
-def replay_list(module, phase: int):
-    """During a checkpoint recompute (phase 2) the scales recorded in the forward, else None."""
-    if phase == 2:
-        stash = getattr(module, "_fp8_checkpoint_stash", None)
-        if stash:
-            return stash.pop(0)
-    return None
-
-
-def record_list(module, phase: int):
-    """During a checkpointed forward (phase 1) a fresh list to record this call's scales in."""
-    if phase == 1:
-        lst = []
-        if not hasattr(module, "_fp8_checkpoint_stash") or module._fp8_checkpoint_stash is None:
-            module._fp8_checkpoint_stash = []
-        module._fp8_checkpoint_stash.append(lst)
-        return lst
-    return None
 
 
 def record_amax(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int) -> None:
     """Calibration: amax only, into the history row that the next update reads."""
     K.compute_amax(x, (rs.fwd_amax if forward else rs.bwd_amax)[slot])
-
-
-__all__ = ["cast", "cast_grad", "transposed", "check_fp8_dims", "replay_list", "record_list", "record_amax",
-           "FP8GlobalState"]

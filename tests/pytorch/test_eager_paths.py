@@ -1,0 +1,138 @@
+"""The modules' eager native branches (the unchecked calls of kernels/<family>.py, the fused
+Linear step of kernels/linear_step.py, the choosers of library/) run only where the native core
+serves the tensors. Here a stand-in native module that launches nothing takes every call, so that
+those branches run on any machine: each module, recipe and option goes through forward and
+backward without an exception, and every call hands the bindings plain numbers, tuples and lists
+(never tensors). The numbers the stand-in returns are meaningless: the GPU suites check values."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from transformer_engine.pytorch import native
+from transformer_engine.pytorch import quantization as q
+from transformer_engine.pytorch.kernels import eager
+
+H, F, T = 64, 96, 48
+PLAIN = (int, float, bool, tuple, list, type(None))
+
+
+def _plain(args):
+    bad = [a for a in args if not isinstance(a, PLAIN)]
+    assert not bad, f"a binding was handed {[type(a).__name__ for a in bad]}"
+
+
+class _Plan:
+    """Stands in for LinearFp8Plan: its sizes, and the argument counts of its calls."""
+
+    def __init__(self, tokens, in_features, out_features, dtype, w_dtype, wq_dtype, fp8_fwd,
+                 fp8_bwd, fresh_w, need_dgrad, need_wgrad, dbias_dtype, delayed, s_fwd, s_bwd):
+        _plain((tokens, in_features, out_features, dtype, w_dtype, wq_dtype, fp8_fwd, fp8_bwd,
+                fresh_w, need_dgrad, need_wgrad, dbias_dtype, delayed, s_fwd, s_bwd))
+        assert len(s_fwd) == len(s_bwd) == 6
+        self.tokens, self.in_features, self.out_features = tokens, in_features, out_features
+        self.fresh_w, self.need_dgrad, self.need_wgrad = fresh_w, need_dgrad, need_wgrad
+        self.dbias_in_cast = dbias_dtype >= 0
+        self.kept_bytes = self.forward_scratch_bytes = self.backward_scratch_bytes = 4096
+        self.regions = {}
+
+    def forward(self, *args):
+        assert len(args) == 9
+        _plain(args)
+
+    def backward(self, *args):
+        assert len(args) == 14
+        _plain(args)
+
+
+class _Native:
+    LinearFp8Plan = _Plan
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            _plain(args)
+            if name.endswith("_workspace"):
+                return (16,)
+            if name in ("rmsnorm_bwd", "layernorm_bwd"):
+                return 16  # the workspace query's answer in bytes
+            return None
+        return call
+
+
+class _Call:
+    def __init__(self):
+        self.mod, self.stream, self.ws = _Native(), 0, None
+        self.ws_ptr, self.ws_size, self.device = 256, 1 << 20, torch.device("cpu")
+        self.env = (self.ws_ptr, self.ws_size, self.stream)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    call = _Call()
+    monkeypatch.setattr(eager, "native_call", lambda x: call)
+    monkeypatch.setattr(eager, "native_call_again", lambda nc, x: nc if nc is not None else call)
+    monkeypatch.setattr(native, "native_for_torch", lambda: call.mod)
+    monkeypatch.setattr(native, "stream_handle", lambda index=None: 0)
+    monkeypatch.setattr(q.RecipeState, "on_native", lambda self: True)
+    monkeypatch.setattr(q, "require_fp8_support", lambda *a: None)
+    yield call
+
+
+def _frozen(m):
+    for name, p in m.named_parameters():
+        if name.endswith("weight") and "norm" not in name:
+            p.requires_grad_(False)
+    return m
+
+
+MODULES = {
+    "Linear": lambda: te.Linear(H, F, params_dtype=torch.bfloat16),
+    "Linear_no_bias": lambda: te.Linear(H, F, bias=False, params_dtype=torch.bfloat16),
+    "Linear_main_grad": lambda: te.Linear(H, F, fuse_wgrad_accumulation=True,
+                                          params_dtype=torch.bfloat16),
+    "LayerNormLinear": lambda: te.LayerNormLinear(H, F, params_dtype=torch.bfloat16),
+    "LayerNormLinear_rms": lambda: te.LayerNormLinear(H, F, normalization="RMSNorm",
+                                                      return_layernorm_output=True,
+                                                      params_dtype=torch.bfloat16),
+    "LayerNormMLP_gelu": lambda: te.LayerNormMLP(H, F, params_dtype=torch.bfloat16),
+    "LayerNormMLP_swiglu": lambda: te.LayerNormMLP(H, F, activation="swiglu",
+                                                   params_dtype=torch.bfloat16),
+    "LayerNormMLP_relu_rms": lambda: te.LayerNormMLP(H, F, activation="relu", bias=False,
+                                                     normalization="RMSNorm",
+                                                     params_dtype=torch.bfloat16),
+    # frozen GEMM weights: no weight gradients, so no transposes (the unfused FP8 activations)
+    "LayerNormMLP_frozen": lambda: _frozen(te.LayerNormMLP(H, F, activation="gelu",
+                                                           params_dtype=torch.bfloat16)),
+    "LayerNorm": lambda: te.LayerNorm(H, params_dtype=torch.bfloat16),
+    "RMSNorm": lambda: te.RMSNorm(H, params_dtype=torch.bfloat16),
+    "GroupedLinear": lambda: te.GroupedLinear(2, H, F, params_dtype=torch.bfloat16),
+}
+RECIPES = {"bf16": None, "delayed": recipe.DelayedScaling(), "current": recipe.Float8CurrentScaling()}
+
+
+# is_first_microbatch (True: cast and cache the FP8 weight, False: reuse it) matters to the FP8
+# weight casts of the modules that take it
+CASES = [(name, rname, mb) for name in MODULES for rname in RECIPES
+         for mb in ((None, True, False) if RECIPES[rname] is not None
+                    and name not in ("LayerNorm", "RMSNorm", "GroupedLinear") else (None,))]
+
+
+@pytest.mark.parametrize("name,rname,microbatch", CASES,
+                         ids=[f"{n}-{r}-{ {None: 'every_call', True: 'first', False: 'later'}[m]}"
+                              for n, r, m in CASES])
+def test_eager_native_branches_run(stand_in, name, rname, microbatch):
+    r = RECIPES[rname]
+    torch.manual_seed(3)
+    m = MODULES[name]()
+    if name == "Linear_main_grad":
+        m.weight.main_grad = torch.randn(F, H)
+    x = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
+    kw = {} if microbatch is None else {"is_first_microbatch": microbatch}
+    with te.fp8_autocast(enabled=r is not None, fp8_recipe=r):
+        out = m(x, [16, T - 16]) if name == "GroupedLinear" else m(x, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    keeps_width = name in ("LayerNorm", "RMSNorm") or name.startswith("LayerNormMLP")
+    assert out.shape == (T, H if keeps_width else F)
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert not q._DEFERRED
