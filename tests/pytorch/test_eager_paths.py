@@ -85,27 +85,29 @@ def _frozen(m):
     return m
 
 
+# the stand-in native module works on CPU tensors: modules on the CPU on any machine
+_ON_CPU = dict(params_dtype=torch.bfloat16, device="cpu")
 MODULES = {
-    "Linear": lambda: te.Linear(H, F, params_dtype=torch.bfloat16),
-    "Linear_no_bias": lambda: te.Linear(H, F, bias=False, params_dtype=torch.bfloat16),
+    "Linear": lambda: te.Linear(H, F, **_ON_CPU),
+    "Linear_no_bias": lambda: te.Linear(H, F, bias=False, **_ON_CPU),
     "Linear_main_grad": lambda: te.Linear(H, F, fuse_wgrad_accumulation=True,
-                                          params_dtype=torch.bfloat16),
-    "LayerNormLinear": lambda: te.LayerNormLinear(H, F, params_dtype=torch.bfloat16),
+                                          **_ON_CPU),
+    "LayerNormLinear": lambda: te.LayerNormLinear(H, F, **_ON_CPU),
     "LayerNormLinear_rms": lambda: te.LayerNormLinear(H, F, normalization="RMSNorm",
                                                       return_layernorm_output=True,
-                                                      params_dtype=torch.bfloat16),
-    "LayerNormMLP_gelu": lambda: te.LayerNormMLP(H, F, params_dtype=torch.bfloat16),
+                                                      **_ON_CPU),
+    "LayerNormMLP_gelu": lambda: te.LayerNormMLP(H, F, **_ON_CPU),
     "LayerNormMLP_swiglu": lambda: te.LayerNormMLP(H, F, activation="swiglu",
-                                                   params_dtype=torch.bfloat16),
+                                                   **_ON_CPU),
     "LayerNormMLP_relu_rms": lambda: te.LayerNormMLP(H, F, activation="relu", bias=False,
                                                      normalization="RMSNorm",
-                                                     params_dtype=torch.bfloat16),
+                                                     **_ON_CPU),
     # frozen GEMM weights: no weight gradients, so no transposes (the unfused FP8 activations)
     "LayerNormMLP_frozen": lambda: _frozen(te.LayerNormMLP(H, F, activation="gelu",
-                                                           params_dtype=torch.bfloat16)),
-    "LayerNorm": lambda: te.LayerNorm(H, params_dtype=torch.bfloat16),
-    "RMSNorm": lambda: te.RMSNorm(H, params_dtype=torch.bfloat16),
-    "GroupedLinear": lambda: te.GroupedLinear(2, H, F, params_dtype=torch.bfloat16),
+                                                           **_ON_CPU)),
+    "LayerNorm": lambda: te.LayerNorm(H, **_ON_CPU),
+    "RMSNorm": lambda: te.RMSNorm(H, **_ON_CPU),
+    "GroupedLinear": lambda: te.GroupedLinear(2, H, F, **_ON_CPU),
 }
 RECIPES = {"bf16": None, "delayed": recipe.DelayedScaling(), "current": recipe.Float8CurrentScaling()}
 
