@@ -147,28 +147,19 @@ void set_block_scale_modes(cublasLtMatmulDesc_t, const GemmArgs&) {
 }
 #endif
 
-// Descriptors and algorithm of one cached problem.
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+// cuBLASLt's descriptor types and destroy calls, for the shared plan template (plan_cache.h).
+struct CublasLtApi {
+  using MatmulDesc = cublasLtMatmulDesc_t;
+  using Layout = cublasLtMatrixLayout_t;
+  using Algo = cublasLtMatmulAlgo_t;
+  static void destroy_desc(MatmulDesc desc) { cublasLtMatmulDescDestroy(desc); }
+  static void destroy_layout(Layout layout) { cublasLtMatrixLayoutDestroy(layout); }
+};
+
+// Descriptors and algorithm of one cached problem, plus what the one-time tuning needs.
+struct Plan : LtMatmulPlan<CublasLtApi> {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // usable heuristic answers, best estimate first
   bool tuned = false;  // algo is the fastest candidate as timed (or there was nothing to time)
-  bool fused = true;   // false: plain GEMM here, the portable kernel applies the epilogue
-
-  Plan() = default;
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  ~Plan() { release(); }
-  void release() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    desc = nullptr;
-    a = b = c = d = nullptr;
-  }
 };
 
 // The C matrix is D itself, or the caller's distinct addend (GemmArgs::c, D's type and layout);
@@ -289,24 +280,11 @@ bool can_fuse(const GemmArgs& g) {
 }
 
 Plan& plan_for(const GemmArgs& g, int device, cublasLtHandle_t handle) {
-  thread_local PlanCache<Plan> cache;
-  const PlanKey key = plan_key(g, device);
-  if (Plan* cached = cache.find(key)) return *cached;
-
-  auto plan = std::make_unique<Plan>();
-  bool ok = can_fuse(g) && build_plan(*plan, g, handle, /*fused=*/true);
-  if (!ok && g.epilogue != kNVTEGemmEpilogueNone) {
-    // The portable epilogue reads the product back from D, which an FP8 D cannot hold.
-    if (is_fp8_type(g.d_type))
-      TE_UNSUPPORTED("cuBLASLt cannot fuse the epilogue of ", describe_problem(g),
-                     " and an FP8 D cannot take the unfused one; use a 16-bit D");
-    ok = build_plan(*plan, g, handle, /*fused=*/false);
-  }
-  if (!ok)
-    TE_UNSUPPORTED("cuBLASLt has no algorithm for ", describe_problem(g), " with ",
-                   g.workspace_size, " bytes of workspace on sm_",
-                   device_state(device).compute_capability);
-  return cache.insert(key, std::move(plan));
+  auto build = [handle](Plan& p, const GemmArgs& args, bool fused) {
+    return build_plan(p, args, handle, fused);
+  };
+  auto device_name = [device] { return concat("sm_", device_state(device).compute_capability); };
+  return cached_plan<Plan>(g, device, can_fuse(g), build, "cuBLASLt", device_name);
 }
 
 cublasStatus_t launch_matmul(cublasLtHandle_t handle, const Plan& p, const GemmArgs& g,

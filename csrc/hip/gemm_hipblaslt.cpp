@@ -124,26 +124,16 @@ void set_desc(hipblasLtMatmulDesc_t desc, hipblasLtMatmulDescAttributes_t attr, 
                   "hipblasLtMatmulDescSetAttribute");
 }
 
-struct Plan {
-  hipblasLtMatmulDesc_t desc = nullptr;
-  hipblasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  hipblasLtMatmulAlgo_t algo{};
-  bool fused = true;  // false: plain GEMM here, the portable kernel applies the epilogue
-
-  Plan() = default;
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  ~Plan() { release(); }
-  void release() {
-    if (desc) hipblasLtMatmulDescDestroy(desc);
-    if (a) hipblasLtMatrixLayoutDestroy(a);
-    if (b) hipblasLtMatrixLayoutDestroy(b);
-    if (c) hipblasLtMatrixLayoutDestroy(c);
-    if (d) hipblasLtMatrixLayoutDestroy(d);
-    desc = nullptr;
-    a = b = c = d = nullptr;
-  }
+// hipBLASLt's descriptor types and destroy calls, for the shared plan template (plan_cache.h).
+struct HipblasLtApi {
+  using MatmulDesc = hipblasLtMatmulDesc_t;
+  using Layout = hipblasLtMatrixLayout_t;
+  using Algo = hipblasLtMatmulAlgo_t;
+  static void destroy_desc(MatmulDesc desc) { hipblasLtMatmulDescDestroy(desc); }
+  static void destroy_layout(Layout layout) { hipblasLtMatrixLayoutDestroy(layout); }
 };
+
+using Plan = LtMatmulPlan<HipblasLtApi>;
 
 void set_data_pointers(const Plan& p, const GemmArgs& g) {
   if (is_fp8_type(g.a_type)) {
@@ -223,22 +213,11 @@ bool build_plan(Plan& p, const GemmArgs& g, const DeviceState& dev, bool fused) 
 }
 
 const Plan& plan_for(const GemmArgs& g, int device, const DeviceState& dev) {
-  thread_local PlanCache<Plan> cache;
-  const PlanKey key = plan_key(g, device);
-  if (const Plan* cached = cache.find(key)) return *cached;
-
-  auto plan = std::make_unique<Plan>();
-  bool ok = build_plan(*plan, g, dev, /*fused=*/true);
-  if (!ok && g.epilogue != kNVTEGemmEpilogueNone) {
-    if (is_fp8_type(g.d_type))
-      TE_UNSUPPORTED("hipBLASLt cannot fuse the epilogue of ", describe_problem(g),
-                     " and an FP8 D cannot take the unfused one; use a 16-bit D");
-    ok = build_plan(*plan, g, dev, /*fused=*/false);
-  }
-  if (!ok)
-    TE_UNSUPPORTED("hipBLASLt has no algorithm for ", describe_problem(g), " with ",
-                   g.workspace_size, " bytes of workspace on ", dev.arch);
-  return cache.insert(key, std::move(plan));
+  auto build = [&dev](Plan& p, const GemmArgs& args, bool fused) {
+    return build_plan(p, args, dev, fused);
+  };
+  auto device_name = [&dev] { return dev.arch; };
+  return cached_plan<Plan>(g, device, /*try_fused=*/true, build, "hipBLASLt", device_name);
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 // The GEMM plan cache (csrc/common/gemm/plan_cache.h) is bounded: least recently used plans go
-// first, a lookup refreshes a plan, and plans that stay are never rebuilt.
+// first, a lookup refreshes a plan, and plans that stay are never rebuilt. Each thread has its
+// own cache per plan type, and the Lt plan template owns its descriptors.
+#include <memory>
+#include <thread>
+
 #include "gemm/plan_cache.h"
 #include "test_harness.h"
 
@@ -45,4 +49,79 @@ TE_TEST(plan_cache_evicts_least_recently_used) {
   TE_EXPECT(CountedPlan::alive == 0, "%d plans leaked", CountedPlan::alive);
   TE_EXPECT(te::gemm::kPlanCacheCapacity >= 64, "capacity %zu is too small for a training step",
             te::gemm::kPlanCacheCapacity);
+}
+
+// The shared descriptor holder of the Lt-style libraries destroys each descriptor it owns exactly
+// once: on release (a plan rebuilt unfused), and when the cache evicts or drops the plan.
+namespace {
+
+struct FakeDesc { int id; };
+struct FakeLayout { int id; };
+
+struct FakeLtApi {
+  using MatmulDesc = FakeDesc*;
+  using Layout = FakeLayout*;
+  using Algo = int;
+  static int descs_destroyed, layouts_destroyed;
+  static void destroy_desc(MatmulDesc d) { ++descs_destroyed; delete d; }
+  static void destroy_layout(Layout l) { ++layouts_destroyed; delete l; }
+};
+int FakeLtApi::descs_destroyed = 0;
+int FakeLtApi::layouts_destroyed = 0;
+
+using FakePlan = te::gemm::LtMatmulPlan<FakeLtApi>;
+
+std::unique_ptr<FakePlan> filled_plan(int id, bool with_c) {
+  auto p = std::make_unique<FakePlan>();
+  p->desc = new FakeDesc{id};
+  p->a = new FakeLayout{id};
+  p->b = new FakeLayout{id};
+  p->c = with_c ? new FakeLayout{id} : nullptr;
+  p->d = new FakeLayout{id};
+  return p;
+}
+
+}  // namespace
+
+TE_TEST(plan_cache_lt_plan_destroys_each_descriptor_once) {
+  FakeLtApi::descs_destroyed = FakeLtApi::layouts_destroyed = 0;
+  {
+    auto p = filled_plan(7, /*with_c=*/false);
+    p->release();
+    TE_EXPECT(FakeLtApi::descs_destroyed == 1 && FakeLtApi::layouts_destroyed == 3,
+              "release destroyed %d descriptors and %d layouts (want 1 and 3)",
+              FakeLtApi::descs_destroyed, FakeLtApi::layouts_destroyed);
+    TE_EXPECT(p->desc == nullptr && p->a == nullptr && p->b == nullptr && p->d == nullptr,
+              "release leaves no dangling descriptor");
+  }  // the destructor releases again: nothing left to destroy
+  TE_EXPECT(FakeLtApi::descs_destroyed == 1 && FakeLtApi::layouts_destroyed == 3,
+            "a released plan destroyed %d / %d on destruction", FakeLtApi::descs_destroyed,
+            FakeLtApi::layouts_destroyed);
+
+  FakeLtApi::descs_destroyed = FakeLtApi::layouts_destroyed = 0;
+  {
+    te::gemm::PlanCache<FakePlan> cache(2);
+    for (int i = 0; i < 5; ++i) cache.insert(key_of(i), filled_plan(i, /*with_c=*/true));
+    TE_EXPECT(FakeLtApi::descs_destroyed == 3 && FakeLtApi::layouts_destroyed == 12,
+              "3 evicted plans destroyed %d descriptors and %d layouts (want 3 and 12)",
+              FakeLtApi::descs_destroyed, FakeLtApi::layouts_destroyed);
+  }
+  TE_EXPECT(FakeLtApi::descs_destroyed == 5 && FakeLtApi::layouts_destroyed == 20,
+            "all 5 plans destroyed %d descriptors and %d layouts (want 5 and 20)",
+            FakeLtApi::descs_destroyed, FakeLtApi::layouts_destroyed);
+}
+
+TE_TEST(plan_cache_is_per_thread_and_per_plan_type) {
+  auto& fake = te::gemm::thread_plan_cache<FakePlan>();
+  auto& counted = te::gemm::thread_plan_cache<CountedPlan>();
+  TE_EXPECT(static_cast<void*>(&fake) != static_cast<void*>(&counted),
+            "two plan types share one cache");
+  TE_EXPECT(&fake == &te::gemm::thread_plan_cache<FakePlan>(), "a thread's cache is stable");
+  const size_t before = fake.size();
+  fake.insert(key_of(12345), filled_plan(1, /*with_c=*/true));
+  size_t other_thread_size = 1;
+  std::thread([&] { other_thread_size = te::gemm::thread_plan_cache<FakePlan>().size(); }).join();
+  TE_EXPECT(other_thread_size == 0, "another thread sees %zu plans of this thread's cache",
+            other_thread_size);
+  TE_EXPECT(fake.size() == before + 1, "size %zu after one insert", fake.size());
 }

@@ -24,16 +24,6 @@ const char* epilogue_name(NVTEGemmEpilogue e) {
   }
 }
 
-PlanKey plan_key(const GemmArgs& a, int device) {
-  return PlanKey{device, a.m, a.n, a.k, a.lda, a.ldb, a.ldd, a.ld_aux,
-                 a.a_type, a.b_type, a.d_type, a.bias_type, a.aux_type,
-                 (a.transa ? 1 : 0) | (a.transb ? 2 : 0) | (a.fast_accum ? 4 : 0) |
-                     (a.d_amax != nullptr ? 8 : 0) | (a.beta != 0.f ? 16 : 0),
-                 a.epilogue, alignment_of(a.a), alignment_of(a.b), alignment_of(a.d),
-                 alignment_of(a.bias), alignment_of(a.aux), static_cast<int64_t>(a.workspace_size),
-                 alignment_of(addend_of(a)), a.a_scale_mode * 4 + a.b_scale_mode, 0};
-}
-
 const char* describe_problem(const GemmArgs& a) {
   thread_local std::string text;
   text = concat(nvte_dtype_name(a.a_type), " x ", nvte_dtype_name(a.b_type), " -> ",

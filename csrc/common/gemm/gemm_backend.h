@@ -11,8 +11,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <array>
-
 #include "transformer_engine/gemm.h"
 
 namespace te {
@@ -102,22 +100,6 @@ inline int64_t alignment_of(const void* p) {
   while (a < 256 && (v & uintptr_t(a)) == 0) a <<= 1;
   return a;
 }
-
-// Everything a library's algorithm choice depends on (not the data pointers themselves), for
-// per-thread caches of descriptors + heuristic results. Plain int64 fields: cheap to hash and
-// compare, no padding.
-using PlanKey = std::array<int64_t, 24>;
-PlanKey plan_key(const GemmArgs& args, int device);
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& key) const {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
-    for (int64_t v : key) {
-      h ^= static_cast<uint64_t>(v);
-      h *= 1099511628211ull;
-    }
-    return static_cast<size_t>(h);
-  }
-};
 
 // What the library reads as C for a high-precision D: the distinct addend, else D itself.
 inline const void* addend_of(const GemmArgs& g) { return g.c != nullptr ? g.c : g.d; }

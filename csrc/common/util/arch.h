@@ -229,6 +229,10 @@ __device__ __forceinline__ void forget_value(uint32_t& v) {
 // ---------------------------------------------------------------------------------------------
 #if defined(__HIP_PLATFORM_AMD__)
 #define TE_HAS_MMA_SYNC 0
+#elif !defined(__CUDACC__)
+// A host C++ file (no nvcc) that includes this header for its host-side facts: these device
+// intrinsics are nvcc's only, and such a file has no kernels to use them.
+#define TE_HAS_MMA_SYNC 0
 #else
 #define TE_HAS_MMA_SYNC 1
 
@@ -411,3 +415,48 @@ inline void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block,
 
 }  // namespace te
 #endif  // __CUDACC__ || __HIPCC__
+
+// ---------------------------------------------------------------------------------------------
+// Host-side device facts (device/device_info.cpp). The runtime calls that read them are written
+// once and hipified; what hipify cannot translate is what the vendors' answers mean.
+// ---------------------------------------------------------------------------------------------
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+namespace te {
+
+#if defined(__HIP_PLATFORM_AMD__)
+constexpr const char* kBuildBackend = "rocm";  // nvte_build_backend
+// One AMD binary serves devices with and without FP8: MI200 (gfx90a) and MI100 (gfx908) have
+// neither FP8 conversions nor FP8 matrix instructions, so FP8 support is a run-time question.
+constexpr bool kSomeDevicesLackFp8 = true;
+#else
+constexpr const char* kBuildBackend = "cuda";
+// Every NVIDIA device this library builds for handles FP8 tensors (hardware conversion from
+// sm_89, software below), so nothing is refused and nothing needs asking.
+constexpr bool kSomeDevicesLackFp8 = false;
+#endif
+
+// The arch name nvte_device_arch reports. NVIDIA names an arch by its compute capability
+// ("sm_90"); AMD's gfx numbers do not follow from major/minor, so gcnArchName is taken with its
+// target features stripped ("gfx942:sramecc+:xnack-" -> "gfx942").
+#if defined(__HIP_PLATFORM_AMD__)
+inline void device_arch_name(const hipDeviceProp_t& prop, char* out, size_t len) {
+  snprintf(out, len, "%s", prop.gcnArchName);
+  if (char* colon = strchr(out, ':')) *colon = '\0';
+}
+#else
+inline void device_arch_name(const cudaDeviceProp& prop, char* out, size_t len) {
+  snprintf(out, len, "sm_%d%d", prop.major, prop.minor);
+}
+#endif
+
+// The arch itself when it is one without FP8 (see kSomeDevicesLackFp8), else null.
+inline const char* arch_without_fp8(const char* arch) {
+  for (const char* name : {"gfx90a", "gfx908"})
+    if (strncmp(arch, name, 6) == 0) return name;
+  return nullptr;
+}
+
+}  // namespace te
