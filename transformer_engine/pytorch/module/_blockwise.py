@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from ...common import fp8_formats
 from ..kernels import blockwise as B
 from ..kernels.activation import CLAMPED_SWIGLU, apply_activation, apply_clamped_swiglu
 from ..kernels.normalization import layernorm, rmsnorm
-from ..kernels.cast import quantize
+from ..kernels.cast import dequantize_reference
 from ..kernels.gemm import general_gemm
-from ..quantization import FP8GlobalState, recipe_fp8_dtypes, scale_from_amax
+from ..quantization import FP8GlobalState, recipe_fp8_dtypes
 from ..tensor import Float8BlockwiseQTensor
+from ..tensor.current_scaling import quantize_current
 from ._norm_args import param_for
 from .base import hp_weight
 
@@ -148,8 +148,8 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
         fwd, _ = recipe_fp8_dtypes(recipe, x2d.device)
         w = hp_weight(weight, dtype)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
-        xq = _current_quantized(x2d, fwd)
-        wq = _current_quantized(w, fwd)
+        xq = quantize_current(x2d, fwd)
+        wq = quantize_current(w, fwd)
         y = general_gemm(wq[0], xq[0], dtype, layout="TN", A_scale_inv=wq[1], B_scale_inv=xq[1],
                          bias=bias).out
         ctx.override = _Operands(recipe.backward_override, x2d, w, xq, wq, need_dgrad, need_wgrad,
@@ -161,22 +161,9 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         dy = dy.to(ctx.dtype).contiguous()
-        dx, dw = ctx.override.grads(dy, _current_dequantized)
+        dx, dw = ctx.override.grads(dy, lambda q, dtype: dequantize_reference(*q, dtype))
         db = dy.float().sum(0).to(ctx.bias_dtype) if ctx.need_db else None
         return dx, dw, db, None, None
-
-
-def _current_quantized(t, fp8_dtype):
-    """(FP8 data, scale_inv) of t with one scale from its amax (current scaling)."""
-    amax = t.abs().amax().float().reshape(1) if t.numel() else torch.zeros(1, device=t.device)
-    fmt, flavor = fp8_formats.format_of_dtype_name(str(fp8_dtype).replace("torch.", ""))
-    fp8_max = torch.full((1,), fp8_formats.fp8_max(fmt, flavor), device=t.device)
-    return quantize(t, scale_from_amax(amax, fp8_max, False).contiguous(), fp8_dtype)
-
-
-def _current_dequantized(q, dtype):
-    data, scale_inv = q
-    return (data.float() * scale_inv).to(dtype)
 
 
 def linear(who: str, module, recipe, inp, weight, bias, dtype):
