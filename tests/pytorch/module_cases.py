@@ -67,6 +67,10 @@ def make_recipe(name: str):
         return te_recipe.DelayedScaling()
     if name == "current":
         return te_recipe.Float8CurrentScaling()
+    if name == "block":
+        return te_recipe.Float8BlockScaling()
+    if name == "current_override":
+        return te_recipe.Float8CurrentScaling(backward_override="high_precision")
     raise ValueError(name)
 
 

@@ -41,7 +41,7 @@ def _pair(name, dtype, device, **kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("module", MODULES)
-@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current", "block", "current_override"])
 @pytest.mark.parametrize("fuse", [False, True])
 def test_delay_wgrad_compute(device, module, recipe, fuse):
     dtype = torch.bfloat16
@@ -81,7 +81,7 @@ def test_delay_wgrad_compute(device, module, recipe, fuse):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("module", MODULES)
-@pytest.mark.parametrize("recipe", ["none", "delayed"])
+@pytest.mark.parametrize("recipe", ["none", "delayed", "block", "current_override"])
 @pytest.mark.parametrize("protocol", ["megatron", "megatron_zero_out", "plain"])
 def test_fuse_wgrad_accumulation(device, module, recipe, protocol):
     dtype = torch.bfloat16

@@ -31,6 +31,7 @@ from ..kernels.gemm import general_gemm
 from ..quantization import FP8GlobalState, recipe_fp8_dtypes
 from ..tensor import Float8BlockwiseQTensor
 from ..tensor.current_scaling import quantize_current
+from . import _wgrad
 from ._norm_args import param_for
 from .base import hp_weight
 
@@ -57,9 +58,6 @@ def _check_supported(who: str, module, recipe, tokens: int, in_features: int, ou
     if getattr(module, "tp_size", 1) > 1:
         raise NotImplementedError(f"{who}: {_what(recipe)} with tensor parallelism "
                                   f"(tp_size={module.tp_size}) is not supported")
-    if getattr(module, "fuse_wgrad_accumulation", False) or getattr(module, "delay_wgrad_compute", False):
-        raise NotImplementedError(f"{who}: {_what(recipe)} does not support "
-                                  "fuse_wgrad_accumulation or delay_wgrad_compute")
     if tokens % 16 or in_features % 16 or out_features % 16:
         raise ValueError(f"{who}: FP8 GEMMs need the token count ({tokens}), in_features "
                          f"({in_features}) and out_features ({out_features}) to be multiples of 16")
@@ -67,7 +65,7 @@ def _check_supported(who: str, module, recipe, tokens: int, in_features: int, ou
 
 class _BlockLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, dtype):
+    def forward(ctx, x2d, weight, bias, recipe, dtype, module):
         fwd, bwd = recipe_fp8_dtypes(recipe, x2d.device)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
         override = recipe.backward_override
@@ -87,6 +85,7 @@ class _BlockLinearFn(torch.autograd.Function):
         if override is not None:
             ctx.override = _Operands(override, x2d, w, xq, wq, need_dgrad, need_wgrad, dtype)
         ctx.saved = (xq_t, wq_t)
+        ctx.wgrad = _WgradTarget(module, weight)
         ctx.recipe, ctx.dtype, ctx.bwd = recipe, dtype, bwd
         ctx.need = (need_dgrad, need_wgrad, bias is not None and bias.requires_grad)
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -99,16 +98,15 @@ class _BlockLinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad, need_db = ctx.need
         recipe = ctx.recipe
         dy = dy.to(ctx.dtype).contiguous()
+        db = dy.float().sum(0).to(ctx.bias_dtype) if need_db else None
         if recipe.backward_override is not None:
-            dx, dw = ctx.override.grads(dy, B.dequantize_blockwise)
-            db = dy.float().sum(0).to(ctx.bias_dtype) if need_db else None
-            return dx, dw, db, None, None
+            dx, dw = ctx.override.grads(dy, B.dequantize_blockwise, ctx.wgrad)
+            return dx, dw, db, None, None, None
         dyq, dyq_t = B.quantize_blockwise(dy, ctx.bwd, recipe.grad_block_scaling_dim,
                                           recipe.fp8_quant_bwd_grad.power_2_scale, need_wgrad)
         dx = B.gemm_blockwise(wq_t, dyq, ctx.dtype) if need_dgrad else None
-        dw = B.gemm_blockwise(xq_t, dyq_t, ctx.dtype) if need_wgrad else None
-        db = dy.float().sum(0).to(ctx.bias_dtype) if need_db else None
-        return dx, dw, db, None, None
+        dw = ctx.wgrad.deliver(lambda: B.gemm_blockwise(xq_t, dyq_t, ctx.dtype)) if need_wgrad else None
+        return dx, dw, db, None, None, None
 
 
 def _stored_tiles(weight, recipe, fp8_dtype) -> bool:
@@ -116,6 +114,33 @@ def _stored_tiles(weight, recipe, fp8_dtype) -> bool:
     recipe's weight blocks (128x128) and FP8 dtype."""
     return (isinstance(weight, Float8BlockwiseQTensor) and recipe.float8_block_scaling()
             and recipe.w_block_scaling_dim == 2 and weight._data.dtype == fp8_dtype)
+
+
+class _WgradTarget:
+    """Where a weight gradient goes: returned to autograd, accumulated into the weight's
+    main_grad (fuse_wgrad_accumulation), or queued for backward_dw() (delay_wgrad_compute); the
+    same rules as the modules' per-tensor FP8 paths (module/_wgrad.py)."""
+
+    def __init__(self, module, weight):
+        self.module = module
+        self.fuse = bool(getattr(module, "fuse_wgrad_accumulation", False))
+        # the weight itself is needed only to accumulate into it or to queue its gradient
+        keep = self.fuse or getattr(module, "delay_wgrad_compute", False)
+        self.weight = weight if keep else None
+
+    def deliver(self, compute):
+        """What autograd receives for the weight, given compute() -> dW in the activation dtype."""
+        weight, fuse = self.weight, self.fuse
+
+        def run():
+            dw = compute()
+            if not fuse:
+                return dw
+            weight.main_grad.add_(dw.to(weight.main_grad.dtype))
+            return None
+        if weight is None:
+            return run()
+        return _wgrad.weight_grad(self.module, weight, fuse, run)
 
 
 class _Operands:
@@ -129,13 +154,15 @@ class _Operands:
         self.x = keep_x if need_wgrad else None
         self.w = keep_w if need_dgrad else None
 
-    def grads(self, dy, dequantize):
-        """(dx, dW) in the activation dtype from dy [tokens, out] (None where not needed)."""
+    def grads(self, dy, dequantize, wgrad):
+        """(dx, dW) in the activation dtype from dy [tokens, out] (None where not needed); dW
+        goes through `wgrad` (a _WgradTarget)."""
         def hp(t):
             return t if self.mode == "high_precision" else dequantize(t, self.dtype)
-        dx = dy @ hp(self.w) if self.w is not None else None
-        dw = dy.t() @ hp(self.x) if self.x is not None else None
+        x, w = self.x, self.w
         self.x = self.w = None
+        dx = dy @ hp(w) if w is not None else None
+        dw = wgrad.deliver(lambda: dy.t() @ hp(x)) if x is not None else None
         return dx, dw
 
 
@@ -144,7 +171,7 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
     its amax) and a backward_override backward."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, dtype):
+    def forward(ctx, x2d, weight, bias, recipe, dtype, module):
         fwd, _ = recipe_fp8_dtypes(recipe, x2d.device)
         w = hp_weight(weight, dtype)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
@@ -154,6 +181,7 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
                          bias=bias).out
         ctx.override = _Operands(recipe.backward_override, x2d, w, xq, wq, need_dgrad, need_wgrad,
                                  dtype)
+        ctx.wgrad = _WgradTarget(module, weight)
         ctx.need_db = bias is not None and bias.requires_grad
         ctx.dtype, ctx.bias_dtype = dtype, bias.dtype if bias is not None else None
         return y
@@ -161,9 +189,30 @@ class _CurrentOverrideLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         dy = dy.to(ctx.dtype).contiguous()
-        dx, dw = ctx.override.grads(dy, lambda q, dtype: dequantize_reference(*q, dtype))
+        dx, dw = ctx.override.grads(dy, lambda q, dtype: dequantize_reference(*q, dtype), ctx.wgrad)
         db = dy.float().sum(0).to(ctx.bias_dtype) if ctx.need_db else None
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
+
+
+class _NoTokensFn(torch.autograd.Function):
+    """A GEMM over zero tokens (a GroupedLinear split of size 0): an empty output, and a zero
+    weight gradient delivered like any other (returned, accumulated or queued)."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, recipe, dtype, module):
+        ctx.wgrad = _WgradTarget(module, weight)
+        ctx.shape, ctx.dtype = weight.shape, dtype
+        ctx.need = (weight.requires_grad, bias is not None and bias.requires_grad)
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return x2d.new_empty((0, weight.shape[0]))
+
+    @staticmethod
+    def backward(ctx, dy):
+        need_wgrad, need_db = ctx.need
+        dx = dy.new_empty((0, ctx.shape[1]))
+        dw = ctx.wgrad.deliver(lambda: dy.new_zeros(ctx.shape, dtype=ctx.dtype)) if need_wgrad else None
+        db = dy.new_zeros((ctx.shape[0],), dtype=ctx.bias_dtype) if need_db else None
+        return dx, dw, db, None, None, None
 
 
 def linear(who: str, module, recipe, inp, weight, bias, dtype):
@@ -175,10 +224,10 @@ def linear(who: str, module, recipe, inp, weight, bias, dtype):
     if bias is not None:
         bias = bias if bias.dtype == dtype else bias.to(dtype)
     if x2d.shape[0] == 0:  # no tokens: nothing to quantize; zero gradients for the weights
-        return torch.nn.functional.linear(x2d, hp_weight(weight, dtype), bias).view(
-            *inp.shape[:-1], out_features)
-    fn = _BlockLinearFn if recipe.float8_block_scaling() else _CurrentOverrideLinearFn
-    y = fn.apply(x2d, weight, bias, recipe, dtype)
+        fn = _NoTokensFn
+    else:
+        fn = _BlockLinearFn if recipe.float8_block_scaling() else _CurrentOverrideLinearFn
+    y = fn.apply(x2d, weight, bias, recipe, dtype, module)
     return y.view(*inp.shape[:-1], out_features)
 
 
