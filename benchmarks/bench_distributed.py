@@ -10,8 +10,9 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
                 against the ring over WORLD GPUs (context parallelism), forward + backward
 A step is forward + backward; STEP_CALLS steps run back to back between two events, the median
 of ROUNDS such windows is kept; the split contenders report the slowest rank. With --profile,
-rank 0 also records one FP8 step with torch.profiler and prints where its time goes (GEMMs,
-communication, the rest). NVLink multicast must stay off: NCCL_NVLS_ENABLE=0,
+every rank records one BF16 and one FP8 step with torch.profiler (all ranks, so that their
+collectives pair up) and rank 0's split of the time goes in the JSON (GEMMs, communication,
+attention, the rest). NVLink multicast must stay off: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (set here if unset).
 
   python benchmarks/bench_distributed.py [--json out.json] [--quick] [--profile]
@@ -144,11 +145,18 @@ def _rank(rank, port, out_path, rounds, profile):
     for name in ("bf16", "fp8", "fp8_cs"):
         step = _step(layer, x, dy, _recipe(name), group)
         res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
-        if profile and rank == 0 and name != "fp8_cs":
-            res[f"profile_tp_sp_{name}"] = _profile_summary(step)
+        if rank == 0:
+            print(f"tp_sp_{name}: {res[f'tp_sp_{name}']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
+        if profile and name != "fp8_cs":
+            # every rank runs the profiled step: its collectives must pair with the other rank's
+            summary = _profile_summary(step)
+            if rank == 0:
+                res[f"profile_tp_sp_{name}"] = summary
     del layer, x, dy
     torch.cuda.empty_cache()
     res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds, lambda: dist.barrier(group=group))
+    if rank == 0:
+        print(f"cp_attention: {res['cp_attention']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -176,6 +184,7 @@ def main():
     torch.cuda.empty_cache()
     single["single_attention_32k"] = _time_steps(_attention_step(), rounds)
     torch.cuda.empty_cache()
+    print("one GPU:", {k: round(v, 3) for k, v in single.items()}, file=sys.stderr, flush=True)
 
     import torch.multiprocessing as mp
     with socket.socket() as s:

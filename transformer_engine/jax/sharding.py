@@ -62,6 +62,18 @@ def _current_mesh():
     return None if phys.empty else phys
 
 
+def mesh_device_count() -> int:
+    """Devices of the mesh in force (`with mesh:`, jax.set_mesh or jax.sharding.use_mesh), 0
+    when none is."""
+    mesh = _current_mesh()
+    if mesh is None:
+        return 0
+    count = 1
+    for size in dict(mesh.shape).values():
+        count *= int(size)
+    return count
+
+
 def with_sharding_constraint(x, *axes):
     """x constrained to PartitionSpec(*axes) on the current mesh; a no-op without a mesh or when
     every axis is None (single device, or MeshResource not set)."""

@@ -5,7 +5,9 @@ traced by jit):
   - the _native_jax module of this install imports (built where JAX was installed),
   - the native library sees a GPU of its backend, JAX's default backend is 'gpu' and no
     jax.default_device(...) of another platform is in force,
-  - NVTE_JAX_CUSTOM_CALLS (read in transformer_engine.common.config) leaves it on.
+  - NVTE_JAX_CUSTOM_CALLS (read in transformer_engine.common.config) leaves it on,
+  - no mesh of more than one device is in force (`with mesh:`, jax.set_mesh): the custom calls
+    have no partitioning rule, so under a mesh the jnp ops run and XLA partitions them.
 Otherwise the jnp reference of transformer_engine.jax.kernels runs: on CPU, and as the oracle.
 
 vmap: every custom call is declared with vmap_method="sequential": a batched call runs the
@@ -25,6 +27,7 @@ import numpy as np
 from ...common import config
 from ...common.capabilities import native_device_capability
 from ...common.native import build_backend, native_module
+from ..sharding import mesh_device_count
 
 _PLATFORMS = {"cuda": "CUDA", "rocm": "ROCM"}
 
@@ -61,6 +64,12 @@ def why_reference(op: str) -> str:
         return f"NVTE_JAX_CUSTOM_CALLS turns {op} off"
     if jax.default_backend() != "gpu":
         return f"JAX's default backend is {jax.default_backend()}"
+    # The custom calls carry no partitioning rule: under a mesh XLA would gather their sharded
+    # operands onto every device (and an amax would be of one shard's data only where a caller
+    # shard_maps); the jnp ops partition like any XLA op, with the amax reduced across devices
+    devices = mesh_device_count()
+    if devices > 1:
+        return f"a mesh of {devices} devices is in force (the custom calls have no partitioning rule)"
     # Under `with jax.default_device(cpu_device):` the computation runs on the host.
     device = jax.config.jax_default_device
     platform = getattr(device, "platform", device)
