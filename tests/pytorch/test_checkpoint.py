@@ -69,3 +69,28 @@ def test_checkpoint_bit_exact(device, recipe_name, module):
 def test_checkpoint_rejects_non_callable():
     with pytest.raises(TypeError, match="checkpoint: function must be callable"):
         te.checkpoint(3, torch.ones(1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_fp8_meta_marks_only_stashed_delayed_forwards(device, use_reentrant):
+    """fp8_meta's recompute position appears on a module whose checkpointed forward ran under
+    delayed scaling (it stashed its scales), not on a module of the same region that ran in
+    high precision, nor under current scaling (nothing to stash: scales come from the data)."""
+    plain = te.Linear(16, 16, bias=False, params_dtype=torch.float32, device=device)
+    fp8 = te.Linear(16, 16, bias=False, params_dtype=torch.float32, device=device)
+    current = te.Linear(16, 16, bias=False, params_dtype=torch.float32, device=device)
+
+    def body(v):
+        v = plain(v)
+        with te.fp8_autocast(enabled=True, fp8_recipe=recipe.DelayedScaling()):
+            v = fp8(v)
+        with te.fp8_autocast(enabled=True, fp8_recipe=recipe.Float8CurrentScaling()):
+            return current(v)
+
+    x = randn((16, 16), torch.float32, device, seed=1).requires_grad_()
+    te.checkpoint(body, x, use_reentrant=use_reentrant).sum().backward()
+    key = "global_fp8_buffer_pos_fwd_recompute"
+    assert key in fp8.fp8_meta and fp8.fp8_meta[key] == 0
+    assert key not in plain.fp8_meta and key not in current.fp8_meta
+    assert all(torch.isfinite(m.weight.grad).all() for m in (plain, fp8, current))

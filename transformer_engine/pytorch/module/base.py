@@ -67,12 +67,16 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
     def fp8_meta(self) -> dict:
         """NVIDIA TE's view of the module's FP8 metadata, made on each read from the module's
         recipe state: "recipe", "fp8_group" (the current autocast's), "fp8_checkpoint" (whether
-        the module has FP8 state to save) and, once FP8 ran, "scaling_fwd" / "scaling_bwd" with
+        the module has FP8 state to save), "global_fp8_buffer_pos_fwd_recompute" (once a
+        checkpointed forward under delayed scaling stashed its scales for the recompute) and, once FP8 ran, "scaling_fwd" / "scaling_bwd" with
         `scale`, `scale_inv` and `amax_history` (the module's own tensors, [history, slots])."""
         rs = self._fp8_state
         meta = {"recipe": rs.recipe if rs is not None else FP8GlobalState.recipe,
                 "fp8_group": FP8GlobalState.group, "fp8_checkpoint": rs is not None,
                 "num_gemms": max(1, self.fp8_slots[0] // 2)}
+        pos = getattr(self, "_fp8_recompute_pos", None)
+        if pos is not None:  # a checkpointed delayed-scaling forward stashed its scales
+            meta["global_fp8_buffer_pos_fwd_recompute"] = pos
         if rs is not None:
             from types import SimpleNamespace
             meta["scaling_fwd"] = SimpleNamespace(scale=rs.scale_fwd, scale_inv=rs.scale_inv_fwd,
@@ -160,6 +164,9 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         replay = record = None
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
             replay, record = replay_list(self, phase), record_list(self, phase)
+            if phase == 1 and s.recipe.delayed():
+                # where this forward's scales sit in the stash (fp8_meta's recompute position)
+                self._fp8_recompute_pos = len(self._fp8_checkpoint_stash) - 1
         # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
         # will deliver, to the forward's step: recorded here, as a recompute may run under an
         # autocast of its own (activation_recompute_forward), which opens no step
