@@ -3,8 +3,8 @@
     python3 .ci/sanitizer_summary.py OUT/sanitize_<tool>_<suite>.log ...
 
 A finding is one report: a line "========= <text>" (not indented) with the indented lines under
-it. It is ours when one of its lines names a function of the library's namespace te:: (also
-mangled, _ZN2te), kernels and host frames alike; others (cuDNN's, PyTorch's kernels) are
+it. It is ours when the kernel it names ("at <kernel>+0x...") is in the library's namespace te::
+(also mangled, _ZN2te), or, for a host-side finding with no kernel, when a host frame is; others (cuDNN's, PyTorch's kernels) are
 listed by their first location so that each can be judged. Prints one line per log and exits
 non-zero when any finding is ours, or when a log has no summary line (the run did not finish).
 """
@@ -36,6 +36,16 @@ def findings(lines):
         yield current
 
 
+def is_ours(rec) -> bool:
+    """A finding in device code is ours when the kernel it names is (a cuDNN kernel launched
+    from our host code is cuDNN's); a host-side finding (an API error) is ours when one of its
+    host frames is."""
+    kernel = next((l for l in rec[1:] if l.startswith("at ")), None)
+    if kernel is not None:
+        return bool(OURS.search(kernel))
+    return any(OURS.search(l) for l in rec)
+
+
 def summarize(path):
     with open(path, errors="replace") as f:
         lines = f.readlines()
@@ -43,7 +53,7 @@ def summarize(path):
                if re.search(r"(ERROR|RACECHECK) SUMMARY", l)]
     ours, others = 0, collections.Counter()
     for rec in findings(lines):
-        if any(OURS.search(l) for l in rec):
+        if is_ours(rec):
             ours += 1
         else:
             where = next((m.group(1) for l in rec[1:] for m in [LOCATION.search(l)] if m), rec[0])
