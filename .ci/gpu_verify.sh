@@ -14,9 +14,10 @@
 #                    NVSHMEM_DISABLE_NVLS=1)
 #
 # compute-sanitizer: memcheck, racecheck, synccheck and initcheck, each over the C API tests
-# (CPP_FILTER) and over a small pytest kernel subset (SANITIZE_PYTEST; "none": C API tests only), logs in
-# $OUT/sanitize_<tool>_<cpp|py>.log; .ci/sanitizer_summary.py counts the findings, ours (kernels
-# of te::, or host-side errors in te:: frames; a cuDNN kernel we launch is cuDNN's) apart, into $OUT/sanitize_summary.txt and the final summary. Ours must be zero.
+# (CPP_FILTER) and over a small pytest kernel subset (SANITIZE_PYTEST; "none": the C API tests
+# only), logs in $OUT/sanitize_<tool>_<cpp|py>.log; .ci/sanitizer_summary.py counts the findings,
+# ours apart (kernels of te::, or host-side errors in te:: frames; a cuDNN kernel we launch is
+# cuDNN's), into $OUT/sanitize_summary.txt and the final summary. Ours must be zero.
 #
 # For a GPU machine without internet access, the header-only cudnn-frontend can travel with the
 # tree in the git-ignored folder .cudnn_fe (make it with: pip download --no-deps nvidia-cudnn-frontend==1.32.0
