@@ -16,6 +16,7 @@ from ..library.normalization import norm_backward, norm_fp8, norm_hp
 from . import _blockwise, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._norm_args import check_normalization, param_for, reset_norm_params
+from ._sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, gather_fp8_rows
 from ._nv_options import check_off
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
@@ -32,11 +33,21 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
         ln_out, q, q_t, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0,
                                                     need_transpose, keep_hp)
         return ln_out, q, q_t, sinv, mu, rsigma
+    if fp8 and fp8_gather_applies(fi, tp):
+        # this rank's rows in FP8 (the norm writes them directly under delayed scaling), then
+        # the 1-byte gather and the transpose of the gathered rows. keep_hp
+        # (return_layernorm_output) still gathers FP8: the module returns this rank's own
+        # high-precision rows, which need no gather
+        ln_out, q, _, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0, False,
+                                                  keep_hp, fp8_amax_group(fi, tp))
+        q, q_t = gather_fp8_rows(q, tp, need_transpose)
+        return ln_out, q, q_t, sinv, mu, rsigma
     res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
     full = tp.gather_rows(res.out)
     if not fp8:
         return res.out, full, None, None, res.mu, res.rsigma
-    # gathered rows are cast after the gather: every rank's rows with one scale
+    # delayed scaling whose scales the step does not reduce over the group: the gathered rows
+    # are cast after the gather, every rank's rows with one scale
     q, q_t, sinv = cast(fi.rs, full, True, 0, need_transpose, fi.replay, fi.record)
     return res.out, q, q_t, sinv, res.mu, res.rsigma
 
