@@ -5,8 +5,9 @@ module with the same weights. Checked: each forward's gather moves one byte per 
 collective is wrapped and counted) and the backward gathers no input again; outputs and every
 gradient match the unsplit module; delayed-scaling scales equal the unsplit module's bit for
 bit; current scaling's gathered FP8 rows are those of the high-precision gather cast
-afterwards (outputs and gradients equal bit for bit); and where the ranks' scales may differ
-(delayed scaling without an amax reduction group) the gather stays in high precision."""
+afterwards (outputs and gradients equal bit for bit); a checkpoint recompute gathers FP8
+again with the forward's scale (gradients equal bit for bit); and where the ranks' scales may
+differ (delayed scaling without an amax reduction group) the gather stays in high precision."""
 import contextlib
 import os
 import sys
@@ -217,6 +218,28 @@ def _check_delayed_without_group_gathers_high_precision(kind, group, rank, world
                f"{kind} delayed without a group, step {step}")
 
 
+def _check_checkpoint_recompute(kind, name, group, rank, world):
+    """te.checkpoint: the recompute replays the forward's shared scale and gathers FP8 again,
+    so the gradients equal those of the plain step bit for bit."""
+    make = RECIPES[name]
+    results = []
+    for checkpointed in (False, True):
+        _, part, _ = _pair(kind, group, rank, world, seed=13)
+        _, _, x_part, dy_part = _inputs(3, rank, world, kind)
+        xp = x_part.clone().requires_grad_()
+        with _CountGathers() as gathers:
+            with te.autocast(recipe=make(), amax_reduction_group=group):
+                y = te.checkpoint(part, xp) if checkpointed else part(xp)
+            y.backward(dy_part)
+        fp8_gathers = [c for c in gathers.calls if c[1] == 1]
+        assert len(fp8_gathers) == (2 if checkpointed else 1), (kind, name, gathers.calls)
+        results.append((y.detach(), xp.grad, _grads(part, group)))
+    (y1, dx1, g1), (y2, dx2, g2) = results
+    assert torch.equal(y1, y2) and torch.equal(dx1, dx2), (kind, name)
+    for n in g1:
+        assert torch.equal(g1[n], g2[n]), (kind, name, n)
+
+
 def _body(rank, world, group):
     torch.manual_seed(0)
     for kind in KINDS:
@@ -224,6 +247,8 @@ def _body(rank, world, group):
             _check_against_unsplit(kind, name, group, rank, world)
         _check_current_matches_high_precision_gather(kind, group, rank, world)
         _check_delayed_without_group_gathers_high_precision(kind, group, rank, world)
+        for name in RECIPES:
+            _check_checkpoint_recompute(kind, name, group, rank, world)
 
 
 def test_sequence_parallel_gather_moves_fp8_bytes_two_ranks_gloo():

@@ -75,12 +75,15 @@ class PendingFP8Rows:
 def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
                      async_op: bool = False) -> PendingFP8Rows:
     """Starts the all-gather along dim 0 of this rank's FP8 rows `local` (quantised with the
-    shared scale) over tp.group; with async_op the collective runs while the caller does other
-    work (e.g. the weight's cast) until it waits."""
+    shared scale) over tp.group; with async_op the collective runs while the caller casts its
+    weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
+    for the collective's stream, with no host synchronisation)."""
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
     return PendingFP8Rows(out.view(local.dtype), handle, need_transpose)
 
 
-def gather_fp8_rows(local: torch.Tensor, tp, need_transpose: bool):
-    """(gathered FP8 rows, their transpose or None) at once (see start_fp8_gather)."""
-    return start_fp8_gather(local, tp, need_transpose).wait()
+def arrived(data, data_t):
+    """(data, data_t) of a GEMM input that may still be a gather in flight (PendingFP8Rows)."""
+    if isinstance(data, PendingFP8Rows):
+        return data.wait()
+    return data, data_t
