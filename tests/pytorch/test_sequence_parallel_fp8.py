@@ -7,7 +7,8 @@ gradient match the unsplit module; delayed-scaling scales equal the unsplit modu
 bit; current scaling's gathered FP8 rows are those of the high-precision gather cast
 afterwards (outputs and gradients equal bit for bit); a checkpoint recompute gathers FP8
 again with the forward's scale (gradients equal bit for bit); and where the ranks' scales may
-differ (delayed scaling without an amax reduction group) the gather stays in high precision."""
+differ (delayed scaling without an amax reduction over every tensor-parallel rank) the gather
+stays in high precision."""
 import contextlib
 import os
 import sys
@@ -194,28 +195,34 @@ def _check_current_matches_high_precision_gather(kind, group, rank, world):
         assert torch.equal(g1[n], g2[n]), (kind, n)
 
 
-def _check_delayed_without_group_gathers_high_precision(kind, group, rank, world):
-    """Delayed scaling with no amax reduction group: each rank's scale follows its own amaxes,
-    so the rows are gathered in BF16 and cast after the gather (results match the unsplit
-    module as before)."""
-    make = RECIPES["delayed"]
-    full, part, splits = _pair(kind, group, rank, world, seed=11)
-    for step in range(2):
-        x, dy, x_part, dy_part = _inputs(step + 7, rank, world, kind)
-        full.zero_grad(set_to_none=True)
-        part.zero_grad(set_to_none=True)
-        xf, xp = x.clone().requires_grad_(), x_part.clone().requires_grad_()
-        with te.autocast(recipe=make()):
-            yf = full(xf)
-        with _CountGathers() as fwd:
+def _check_delayed_unshared_scales_gather_high_precision(kind, group, rank, world, own_group):
+    """Delayed scaling whose amaxes are not reduced over the tensor-parallel ranks (no amax
+    reduction group, or one holding this rank alone, or reduce_amax=False): each rank's scale
+    follows its own amaxes, so the rows are gathered in BF16 and cast after the gather (results
+    match the unsplit module as before)."""
+    variants = {"no group": (None, True), "own rank only": (own_group, True),
+                "reduce_amax=False": (group, False)}
+    for what, (amax_group, reduce_amax) in variants.items():
+        def make():
+            return recipe.DelayedScaling(amax_history_len=3, reduce_amax=reduce_amax)
+        full, part, _ = _pair(kind, group, rank, world, seed=11)
+        for step in range(2):
+            x, dy, x_part, dy_part = _inputs(step + 7, rank, world, kind)
+            full.zero_grad(set_to_none=True)
+            part.zero_grad(set_to_none=True)
+            xf, xp = x.clone().requires_grad_(), x_part.clone().requires_grad_()
             with te.autocast(recipe=make()):
-                y = part(xp)
-        yf.backward(dy)
-        y.backward(dy_part)
-        assert fwd.calls == [(SEQ // world * BATCH * HIDDEN, 2)], (kind, fwd.calls)
-        # each rank's weight shard has its own scale now: the output within one E4M3 rtol
-        _close(y, _out_part(kind, yf.detach(), rank, world), tols(torch.float8_e4m3fn)["rtol"],
-               f"{kind} delayed without a group, step {step}")
+                yf = full(xf)
+            with _CountGathers() as fwd:
+                with te.autocast(recipe=make(), amax_reduction_group=amax_group):
+                    y = part(xp)
+            yf.backward(dy)
+            y.backward(dy_part)
+            where = f"{kind} delayed, {what}, step {step}"
+            assert fwd.calls == [(SEQ // world * BATCH * HIDDEN, 2)], (where, fwd.calls)
+            # each rank's weight shard has its own scale now: the output within one E4M3 rtol
+            _close(y, _out_part(kind, yf.detach(), rank, world), tols(torch.float8_e4m3fn)["rtol"],
+                   where)
 
 
 def _check_checkpoint_recompute(kind, name, group, rank, world):
@@ -242,11 +249,13 @@ def _check_checkpoint_recompute(kind, name, group, rank, world):
 
 def _body(rank, world, group):
     torch.manual_seed(0)
+    # every rank takes part in making every group; each keeps the one of its own rank
+    own_group = [dist.new_group([r]) for r in range(world)][rank]
     for kind in KINDS:
         for name in RECIPES:
             _check_against_unsplit(kind, name, group, rank, world)
         _check_current_matches_high_precision_gather(kind, group, rank, world)
-        _check_delayed_without_group_gathers_high_precision(kind, group, rank, world)
+        _check_delayed_unshared_scales_gather_high_precision(kind, group, rank, world, own_group)
         for name in RECIPES:
             _check_checkpoint_recompute(kind, name, group, rank, world)
 

@@ -16,8 +16,8 @@ from ..library.normalization import norm_backward, norm_fp8, norm_hp
 from . import _blockwise, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._norm_args import check_normalization, param_for, reset_norm_params
-from ._sequence_parallel_fp8 import arrived, fp8_amax_group, fp8_gather_applies, start_fp8_gather
 from ._nv_options import check_off
+from ._sequence_parallel_fp8 import arrived, fp8_amax_group, fp8_gather_applies, start_fp8_gather
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .linear import _split_names, split_weight_and_bias
