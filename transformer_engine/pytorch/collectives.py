@@ -82,7 +82,9 @@ def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
 # FP8 all-gather: each rank quantises its own rows and the FP8 bytes travel (half of BF16's)
 # ---------------------------------------------------------------------------------------------
 
-def _all_gather_bytes(data: torch.Tensor, group, world: int, async_op: bool):
+def all_gather_bytes_first_dim(data: torch.Tensor, group, world: int, async_op: bool = False):
+    """Every rank's 1-byte `data` (FP8) concatenated along dim 0, as (uint8 tensor, handle or
+    None): moved as uint8, which every backend carries (gloo has no FP8 types)."""
     out = torch.empty((world * data.shape[0],) + tuple(data.shape[1:]), dtype=torch.uint8,
                       device=data.device)
     src = data.contiguous().view(torch.uint8)
@@ -121,7 +123,7 @@ def all_gather_fp8_first_dim(tensor: torch.Tensor, quantizer, group, async_op: b
             quantizer.set_usage(columnwise=columnwise)
     if world == 1:
         return shard, None
-    gathered, handle = _all_gather_bytes(shard._data, group, world, async_op)
+    gathered, handle = all_gather_bytes_first_dim(shard._data, group, world, async_op)
     out = Float8Tensor(gathered.view(shard._data.dtype), shard._scale_inv, shard.dtype)
     out._quantizer = quantizer
     return out, handle

@@ -584,13 +584,15 @@ class RecipeState:
         self.bwd_amax = [self.amax_history_bwd[0, i:i + 1] for i in range(self.scale_bwd.numel())]
 
     # -- current scaling: amax, then scale, on the device
-    def current_scale(self, x: torch.Tensor, forward: bool, i: int, compute_amax=None) -> torch.Tensor:
+    def current_scale(self, x: torch.Tensor, forward: bool, i: int, amax_group=None) -> torch.Tensor:
+        """The scale of x now (amax_group: x is one rank's part of a tensor split over that
+        process group, and the scale is the whole tensor's)."""
         amax = (self.fwd_amax if forward else self.bwd_amax)[i]
         scale = (self.fwd_scale if forward else self.bwd_scale)[i]
         scale_inv = (self._scale_inv_fwd if forward else self.scale_inv_bwd)[i:i + 1]
         skipped = (self._skipped_fwd if forward else self.skipped_bwd)[i:i + 1]
         compute_current_scale(x, amax, scale, scale_inv, self.fwd_max if forward else self.bwd_max,
-                              self.recipe.use_power_2_scales, skipped)
+                              self.recipe.use_power_2_scales, skipped, amax_group)
         if x.device.type == "cpu":
             self.warn_if_skipped_on_cpu()
         return scale
@@ -627,10 +629,13 @@ class RecipeState:
 
 def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor,
                           scale_inv: torch.Tensor, fp8_max: float, power_2: bool,
-                          skipped: Optional[torch.Tensor] = None) -> None:
+                          skipped: Optional[torch.Tensor] = None, amax_group=None) -> None:
     """scale <- fp8_max / amax(x), on the device. `amax` is zero on entry and left zero. A
     non-finite amax keeps the scale as it was (the last finite one) and adds one to `skipped`
-    (int32 [1], optional), as the delayed-scaling update does.
+    (int32 [1], optional), as the delayed-scaling update does. With `amax_group` (a process
+    group), x is this rank's part of a tensor split over the group: the amax is all-reduced
+    (MAX) over it on the device before the scale is made, so every rank gets the same scale,
+    that of the whole tensor, with no host synchronisation.
 
     Every path computes it the same way on a device, so eager, fast-path and compiled runs cast
     with the same bits: on the native core the amax kernel, then the delayed-scaling update
@@ -638,6 +643,9 @@ def compute_current_scale(x: torch.Tensor, amax: torch.Tensor, scale: torch.Tens
     power-of-2 scales) torch ops."""
     from . import kernels
     kernels.compute_amax(x, amax)
+    if amax_group is not None:
+        import torch.distributed as dist
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=amax_group)
     if not power_2 and native.use_native(x):
         group = (amax.view(1, 1), scale.view(1), scale_inv.view(1), fp8_max)
         kernels.delayed_scaling_update([group + ((skipped.view(1),) if skipped is not None else ())],

@@ -21,9 +21,11 @@ from ..kernels.cast_fused import cast_transpose_dbias_unchecked
 from ..quantization import RecipeState
 
 
-def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list]):
+def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash: Optional[list],
+               amax_group=None):
     """(scale, amax-to-update) for one cast. DelayedScaling: the module's scale and its amax
-    history row. Current scaling: amax of x now, then its scale. In a checkpoint recompute the
+    history row. Current scaling: amax of x now (all-reduced over amax_group when x is one
+    rank's rows of a tensor split over it), then its scale. In a checkpoint recompute the
     forward's scale is replayed and no amax is recorded."""
     if stash is not None:
         return stash.pop(0), None
@@ -35,7 +37,7 @@ def cast_scale(rs: RecipeState, x: torch.Tensor, forward: bool, slot: int, stash
         scale = K.current_scale(x, rs.fwd_max if forward else rs.bwd_max, rs.recipe.use_power_2_scales)
         amax = None
     else:
-        scale, amax = rs.current_scale(x, forward, slot), None
+        scale, amax = rs.current_scale(x, forward, slot, amax_group), None
     return scale, amax
 
 
@@ -45,17 +47,21 @@ def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
         saved.append(scale.clone())
 
 
-def cast(rs, x, forward, slot, need_transpose, replay=None, record=None, nc=None):
+def cast(rs, x, forward, slot, need_transpose, replay=None, record=None, nc=None,
+         amax_group=None):
     """(data, data_t or None, scale_inv) of a 2-D tensor. nc: the caller's eager native call
-    when it already took one for a plain call (a contiguous x, no replay or record)."""
+    when it already took one for a plain call (a contiguous x, no replay or record).
+    amax_group (current scaling): x is this rank's rows of a tensor split over that group, and
+    the scale is the whole tensor's (its amax all-reduced over the group first)."""
     if nc is not None:
         return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
+    # the direct call computes a current scale from x alone: a group's scale takes the checked ops
     if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
-            rs.delayed or not rs.recipe.use_power_2_scales):
+            rs.delayed or (not rs.recipe.use_power_2_scales and amax_group is None)):
         nc = eager.native_call(x)
         if nc is not None:  # eager on the native core: the direct calls, same kernels and bits
             return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
-    scale, amax = cast_scale(rs, x, forward, slot, replay)
+    scale, amax = cast_scale(rs, x, forward, slot, replay, amax_group)
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype
     if need_transpose:

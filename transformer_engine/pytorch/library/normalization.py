@@ -33,9 +33,11 @@ def norm_hp(normalization, x2d, gamma, beta, eps, zcg):
     return K.norm_fwd(rms, x2d, gamma, beta, eps, zcg)
 
 
-def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose, keep_hp):
+def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose, keep_hp,
+             amax_group=None):
     """(norm output for the caller [HP or None], fp8 data, fp8 transpose or None, scale_inv,
-    mu, rsigma)."""
+    mu, rsigma). amax_group (current scaling): x2d is this rank's rows of a sequence split over
+    that group, and the output's scale is the whole sequence's."""
     if fi.rs.delayed and not keep_hp:
         scale, amax = cast_scale(fi.rs, None, True, slot, fi.replay)
         record_scale(fi.record, scale)
@@ -49,7 +51,8 @@ def norm_fp8(normalization, x2d, gamma, beta, eps, zcg, fi, slot, need_transpose
         data_t = transposed(res.out) if need_transpose else None
         return None, res.out, data_t, res.scale_inv, res.mu, res.rsigma
     res = norm_hp(normalization, x2d, gamma, beta, eps, zcg)
-    data, data_t, scale_inv = cast(fi.rs, res.out, True, slot, need_transpose, fi.replay, fi.record)
+    data, data_t, scale_inv = cast(fi.rs, res.out, True, slot, need_transpose, fi.replay, fi.record,
+                                   amax_group=amax_group)
     return res.out, data, data_t, scale_inv, res.mu, res.rsigma
 
 

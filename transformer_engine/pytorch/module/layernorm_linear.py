@@ -17,6 +17,7 @@ from . import _blockwise, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._norm_args import check_normalization, param_for, reset_norm_params
 from ._nv_options import check_off
+from ._sequence_parallel_fp8 import arrived, fp8_amax_group, fp8_gather_applies, start_fp8_gather
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .linear import _split_names, split_weight_and_bias
@@ -26,17 +27,29 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
     """The norm step of LayerNormLinear / LayerNormMLP with its tensor-parallel gather (see
     _parallel.NormTP): (norm output on this rank's rows [high precision, or None when it was
     written straight to FP8], GEMM input [FP8 data or high precision, all rows], its FP8
-    transpose or None, its scale_inv or None, mu, rsigma)."""
+    transpose or None, its scale_inv or None, mu, rsigma). An FP8 gather is left in flight:
+    the GEMM input is then a PendingFP8Rows (and the transpose None) that the caller passes
+    through `arrived` once it has cast its weight."""
     norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
     if fp8 and not tp.gather:
         ln_out, q, q_t, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0,
                                                     need_transpose, keep_hp)
         return ln_out, q, q_t, sinv, mu, rsigma
+    if fp8 and fp8_gather_applies(fi, tp):
+        # this rank's rows in FP8 (the norm writes them directly under delayed scaling), then
+        # the 1-byte gather and the transpose of the gathered rows. keep_hp
+        # (return_layernorm_output) still gathers FP8: the module returns this rank's own
+        # high-precision rows, which need no gather
+        ln_out, q, _, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0, False,
+                                                  keep_hp, fp8_amax_group(fi, tp))
+        pending = start_fp8_gather(q, tp, need_transpose, async_op=True)
+        return ln_out, pending, None, sinv, mu, rsigma
     res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
     full = tp.gather_rows(res.out)
     if not fp8:
         return res.out, full, None, None, res.mu, res.rsigma
-    # gathered rows are cast after the gather: every rank's rows with one scale
+    # delayed scaling whose scales the step does not reduce over the group: the gathered rows
+    # are cast after the gather, every rank's rows with one scale
     q, q_t, sinv = cast(fi.rs, full, True, 0, need_transpose, fi.replay, fi.record)
     return res.out, q, q_t, sinv, res.mu, res.rsigma
 
@@ -66,6 +79,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
             wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
             y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in_t, ln_sinv, wq_t, w_sinv)
         else:

@@ -28,6 +28,7 @@ from . import _blockwise, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._norm_args import check_normalization, param_for, reset_norm_params
 from ._nv_options import check_off
+from ._sequence_parallel_fp8 import arrived
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .layernorm_linear import norm_for_gemm
@@ -77,6 +78,7 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    lnq, lnq_t = arrived(lnq, lnq_t)  # a sequence-parallel FP8 gather ran during FC1's cast
     h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
     # activation, FP8 cast and FC2-wgrad transpose in one pass where the eager path serves it
     fused = act_cast_transpose(fi, h, act, 2) if need["w2"] else None

@@ -20,6 +20,7 @@ from ..tensor import Float8Tensor
 from . import _blockwise, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._nv_options import check_off
+from ._sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 
@@ -31,7 +32,9 @@ class _LinearFn(torch.autograd.Function):
         # connection costs no separate add; its gradient is the output's, passed through
         # the call's non-tensor arguments come as one tuple: Function.apply inspects every
         # argument and the backward returns a gradient slot for each (host time per call)
-        module, fi, dtype, is_first_microbatch, fuse_wgrad, nc = call
+        # sp: the sequence-parallel group (_parallel.NormTP) when this call gathers its input's
+        # rows itself, in FP8 (see _sequence_parallel_fp8), else None
+        module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp = call
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
         x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
@@ -42,7 +45,7 @@ class _LinearFn(torch.autograd.Function):
         # a traced graph cannot ask, and keeps what a backward needs)
         training = torch.compiler.is_compiling() or not torch.is_inference_mode_enabled()
         need_dgrad, need_wgrad = inp.requires_grad, training and weight.requires_grad
-        tokens = x2d.shape[0]
+        tokens = x2d.shape[0] * (sp.size if sp is not None else 1)
         fp8 = fi.fp8 and tokens > 0
         ctx.has_bias_grad = bias is not None and bias.requires_grad
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -68,6 +71,17 @@ class _LinearFn(torch.autograd.Function):
             if nc is not None:
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                       need_wgrad, is_first_microbatch, r2d)
+            elif sp is not None:
+                # this rank's rows cast with the shared scale, their bytes gathered while the
+                # weight is cast; the gathered rows' transpose serves wgrad
+                xq, _, x_sinv = cast(fi.rs, x2d, True, 0, False, fi.replay, fi.record,
+                                     amax_group=fp8_amax_group(fi, sp))
+                pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True)
+                wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
+                                              is_first_microbatch)
+                xq, xq_t = pending.wait()
+                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
+                ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
@@ -86,13 +100,16 @@ class _LinearFn(torch.autograd.Function):
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
+        ctx.sp = sp
         ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.delay = getattr(module, "delay_wgrad_compute", False)
         ctx.module = module if ctx.delay else None
         ctx.weight = weight if fuse_wgrad or ctx.delay else None
         ctx.shapes = (inp.shape, out_features, in_features)
-        return y if inp.dim() == 2 else y.view(*inp.shape[:-1], out_features)
+        if inp.dim() == 2:
+            return y
+        return y.view(-1 if sp is not None else inp.shape[0], *inp.shape[1:-1], out_features)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -144,6 +161,8 @@ class _LinearFn(torch.autograd.Function):
             dw = _wgrad.autograd_weight_grad(ctx.weight, dw, ctx.fuse)
         if fi.step is not None:
             fi.step.backward_finished()
+        if dx is not None and ctx.sp is not None:
+            dx = ctx.sp.reduce_grad(dx)  # back to this rank's rows (reduce-scatter)
         if dx is not None and len(inp_shape) != 2:
             dx = dx.view(inp_shape)
         return dx, dw, db, (grad_out if ctx.has_residual else None), None
@@ -469,6 +488,18 @@ class Linear(TransformerEngineBaseModule):
     def _weight_and_bias(self):
         return split_weight_and_bias(self)
 
+    def _fp8_sequence_gather(self, fi, inp, residual):
+        """The sequence-parallel group (a _parallel.NormTP) when this column-parallel call gathers
+        its input in FP8 inside its GEMM step, else None (the gather stays before the step, in
+        high precision: no FP8, a scale the ranks may not share, an empty input, or a residual
+        to add in the GEMM, whose shape is checked against the gathered input)."""
+        if fi is None or not self.sequence_parallel or self.tp_size == 1:
+            return None
+        if residual is not None or inp.numel() == 0:
+            return None
+        tp = _parallel.NormTP(self.tp_group, self.tp_size, True, True)
+        return tp if fp8_gather_applies(fi, tp) else None
+
     def residual_in_gemm(self, residual: torch.Tensor, inp: torch.Tensor) -> bool:
         """Whether a residual connection around this layer can be added inside its GEMM.
 
@@ -539,12 +570,20 @@ class Linear(TransformerEngineBaseModule):
         if inp.shape[-1] != weight.shape[1]:
             raise ValueError(f"Linear: input has shape {tuple(inp.shape)}; expected last dimension "
                              f"{weight.shape[1]} (in_features)")
-        if self.parallel_mode == "column":
-            inp = _parallel.column_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
-        elif self.parallel_mode == "row":
+        # the parallel layout's checks come before any FP8 step bookkeeping (fp8_call_info)
+        if self.parallel_mode == "row":
             _parallel.check_row_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)
-        dtype = self.activation_dtype(inp)
+        elif self.parallel_mode == "column" and self.tp_size > 1:
+            _parallel.require_group(self.tp_group, self.tp_size)
         recipe = _blockwise.active()
+        fi = self.fp8_call_info(inp.device) if recipe is None else None
+        sp = None
+        if self.parallel_mode == "column":
+            sp = self._fp8_sequence_gather(fi, inp, _residual)
+            if sp is None:
+                inp = _parallel.column_input(inp, self.tp_group, self.tp_size,
+                                             self.sequence_parallel)
+        dtype = self.activation_dtype(inp)
         if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
             out = _blockwise.linear("Linear", self, recipe, inp, weight,
                                     None if self.return_bias else bias, dtype)
@@ -552,12 +591,11 @@ class Linear(TransformerEngineBaseModule):
             if self.return_bias:
                 return out, (bias.to(out.dtype) if bias is not None else None)
             return out
-        fi = self.fp8_call_info(inp.device)
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
         # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
         nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
-              else None)
+              and sp is None else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()
@@ -568,7 +606,7 @@ class Linear(TransformerEngineBaseModule):
         # a residual of another dtype than the GEMM's output keeps torch's type promotion: added after
         fused = _residual if _residual is not None and _residual.dtype == dtype else None
         out = apply(inp, weight, bias if add_bias_in_gemm else None, fused,
-                    (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc))
+                    (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc, sp))
         if _residual is not None and fused is None:
             out = _residual + out
         if self.parallel_mode == "row":

@@ -1,0 +1,89 @@
+"""The sequence-parallel all-gather of a column-parallel FP8 GEMM's input, in FP8: each rank
+quantises its own rows with a scale every rank shares, and only the 1-byte data travels (half
+of BF16's traffic); the wgrad transpose is made from the gathered bytes, so the backward never
+gathers again. Linear, LayerNormLinear and LayerNormMLP all gather through `start_fp8_gather`.
+
+The scale must be the same on every rank, or the gathered rows would be read with another
+rank's scale_inv:
+  * Float8CurrentScaling: the amax of this rank's rows is all-reduced (MAX) over the
+    tensor-parallel group on the device before the scale is made (`fp8_amax_group`), so the
+    scale is that of the gathered tensor, as the unsplit module's.
+  * DelayedScaling: the scale comes from the amax history, identical on every rank only when
+    the step's amaxes are reduced over a group that holds every tensor-parallel rank
+    (`recipe.reduce_amax` and the autocast's amax_reduction_group). Then this rank's amax
+    enters the history and the step's batched reduction makes it the gathered tensor's, as the
+    unsplit module's. Otherwise the rows are gathered in high precision and cast after the
+    gather (`fp8_gather_applies` is False), as before.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import all_gather_bytes_first_dim
+from ..library.cast import transposed
+
+
+def _holds_every_rank(amax_group, tp_group) -> bool:
+    if amax_group is None:
+        return False
+    if amax_group is tp_group:
+        return True
+    # asked per call, not cached: a cache would keep process groups alive past
+    # destroy_process_group
+    return set(dist.get_process_group_ranks(tp_group)) <= set(dist.get_process_group_ranks(amax_group))
+
+
+def fp8_gather_applies(fi, tp) -> bool:
+    """Whether the gather of this call moves FP8 bytes: an FP8 per-tensor recipe (the caller's
+    GEMM consumes FP8), a sequence-parallel gather, a scale that every rank shares (see the
+    module doc), and an eager call (a traced graph keeps the high-precision gather)."""
+    if not (fi.fp8 and tp.gather) or torch.compiler.is_compiling():
+        return False
+    rs = fi.rs
+    if not rs.delayed:
+        return True
+    # a checkpoint recompute replays the forward's scale and holds the forward's step, so it
+    # decides as the forward did
+    step = fi.step
+    return (step is not None and rs.recipe.reduce_amax
+            and _holds_every_rank(step.group, tp.group))
+
+
+def fp8_amax_group(fi, tp):
+    """The group to all-reduce a current-scaling amax over before this rank's cast (None under
+    delayed scaling, whose amax is reduced with the step's)."""
+    return None if fi.rs.delayed else tp.group
+
+
+class PendingFP8Rows:
+    """An FP8 all-gather in flight (async_op): `wait()` returns (gathered data, its transpose
+    or None), the transpose made once the bytes are here."""
+    __slots__ = ("data", "handle", "need_transpose")
+
+    def __init__(self, data, handle, need_transpose):
+        self.data, self.handle, self.need_transpose = data, handle, need_transpose
+
+    def wait(self):
+        if self.handle is not None:
+            self.handle.wait()
+            self.handle = None
+        data_t = transposed(self.data) if self.need_transpose else None
+        return self.data, data_t
+
+
+def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
+                     async_op: bool = False) -> PendingFP8Rows:
+    """Starts the all-gather along dim 0 of this rank's FP8 rows `local` (quantised with the
+    shared scale) over tp.group; with async_op the collective runs while the caller casts its
+    weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
+    for the collective's stream, with no host synchronisation)."""
+    out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
+    return PendingFP8Rows(out.view(local.dtype), handle, need_transpose)
+
+
+def arrived(data, data_t):
+    """(data, data_t) of a GEMM input that may still be a gather in flight (PendingFP8Rows)."""
+    if isinstance(data, PendingFP8Rows):
+        return data.wait()
+    return data, data_t
