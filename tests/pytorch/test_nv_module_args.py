@@ -41,8 +41,6 @@ def test_userbuffers_flags_accepted_off_refused_on(name):
 def test_refused_options_name_module_and_argument():
     with pytest.raises(NotImplementedError, match="Linear: symmetric_ar_type='multimem_all_reduce'"):
         te.Linear(32, 32, device="cpu", symmetric_ar_type="multimem_all_reduce")
-    with pytest.raises(NotImplementedError, match="save_original_input=True"):
-        te.Linear(32, 32, device="cpu", save_original_input=True)
     with pytest.raises(NotImplementedError, match="DotProductAttention: return_max_logit=True"):
         te.DotProductAttention(4, 8, return_max_logit=True)
     with pytest.raises(NotImplementedError, match="qk_norm_type='RMSNorm'"):

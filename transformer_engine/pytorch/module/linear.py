@@ -17,7 +17,7 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
 from ..tensor import Float8Tensor
-from . import _blockwise, _parallel, _wgrad
+from . import _blockwise, _original_input, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._nv_options import check_off
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -32,6 +32,7 @@ class _LinearFn(torch.autograd.Function):
         # the call's non-tensor arguments come as one tuple: Function.apply inspects every
         # argument and the backward returns a gradient slot for each (host time per call)
         module, fi, dtype, is_first_microbatch, fuse_wgrad, nc = call
+        keep_input = getattr(module, "save_original_input", False)  # see _original_input.py
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
         x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
@@ -69,11 +70,13 @@ class _LinearFn(torch.autograd.Function):
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                       need_wgrad, is_first_microbatch, r2d)
             else:
-                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
+                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad and not keep_input,
+                                        fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
-                ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
+                kept_x = x2d if keep_input and need_wgrad else xq_t
+                ctx.save_for_backward(kept_x, x_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
             if fi.calibrating:
@@ -86,6 +89,7 @@ class _LinearFn(torch.autograd.Function):
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
+        ctx.input_kept = fp8 and keep_input and need_wgrad
         ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.delay = getattr(module, "delay_wgrad_compute", False)
@@ -122,6 +126,8 @@ class _LinearFn(torch.autograd.Function):
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
             saved = ctx.saved_tensors
+            if ctx.input_kept:  # the forward saved its input: cast it again for the wgrad GEMM
+                saved = (*_original_input.cast_again(fi.rs, saved[0], 0), *saved[2:])
             if nc is not None:
                 dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, saved)
                 db = fdb if fused_db else db
@@ -350,8 +356,12 @@ class Linear(TransformerEngineBaseModule):
         None is accepted (a value raises NotImplementedError); the plain
         ``torch.distributed.all_reduce`` is used.
     save_original_input : bool, default False
-        Keep the unquantized input for the backward instead of its FP8 copy. Not implemented:
-        only False is accepted (True raises NotImplementedError).
+        Under FP8, save the input as it came (high precision) for the backward instead of its
+        FP8 copy, and cast it again there for the weight-gradient GEMM: the gradients are the
+        same bits, and memory drops where the caller keeps the input alive anyway. Works with
+        Float8CurrentScaling and Float8BlockScaling; under DelayedScaling a call that makes a
+        weight gradient raises ValueError. No effect without FP8 or under a
+        ``backward_override`` (which decides what is saved).
     delay_wgrad_compute : bool, default False
         The backward computes the input gradient and queues the weight-gradient GEMMs on the
         module; :meth:`backward_dw` runs them later (pipeline
@@ -388,8 +398,8 @@ class Linear(TransformerEngineBaseModule):
         super().__init__()
         check_off("Linear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
                   ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
-                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type,
-                  save_original_input=save_original_input)
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
+        self.save_original_input = bool(save_original_input)
         _parallel.check_parallel_mode("Linear", parallel_mode)
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.tp_group = tp_group
@@ -553,11 +563,13 @@ class Linear(TransformerEngineBaseModule):
                 return out, (bias.to(out.dtype) if bias is not None else None)
             return out
         fi = self.fp8_call_info(inp.device)
+        _original_input.check_recipe("Linear", self, fi, (weight,))
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
-        # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
+        # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM;
+        # save_original_input under FP8: the checked path, which can save the input unquantized
         nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
-              else None)
+              and not (self.save_original_input and fi.fp8) else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()
