@@ -125,3 +125,27 @@ def test_quantize_uses_the_module_scale_after_a_step(device):
     torch.testing.assert_close(w._scale_inv, torch.reciprocal(scale).reshape(w._scale_inv.shape),
                                rtol=0, atol=0)
     assert rs.amax_history_fwd[0, 1].item() >= new.abs().max().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fusible_ops_linear_delayed_scaling_first_step_same_bits(device):
+    """te.ops.Linear follows the same rule as the modules."""
+    recipe = te_recipe.DelayedScaling()
+    dtype = torch.bfloat16
+    ops_list = []
+    for fp8_params in (False, True):
+        torch.manual_seed(21)
+        with te.quantized_model_init(enabled=fp8_params, recipe=recipe):
+            ops_list.append(te.ops.Linear(64, 48, device=device, dtype=dtype))
+    assert isinstance(ops_list[1].weight, te.Float8Tensor)
+    x = randn((32, 64), dtype, device, seed=22)
+    dy = randn((32, 48), dtype, device, seed=23)
+    results = []
+    for op in ops_list:
+        xi = x.clone().requires_grad_(True)
+        with te.autocast(recipe=recipe):
+            y = op(xi)
+        y.backward(dy)
+        results.append([y, xi.grad] + [p.grad for p in op.parameters()])
+    for i, (r, g) in enumerate(zip(*results)):
+        torch.testing.assert_close(g, r, rtol=0, atol=0, msg=f"ops.Linear: tensor {i}")
