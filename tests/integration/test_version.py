@@ -35,7 +35,7 @@ def test_client_version_gates():
     v = Version(transformer_engine.__version__)
     assert v >= Version("0.11.0")      # Lightning's requirement
     assert v >= Version("2.3.0")       # Megatron-Core: delay_wgrad_compute, rope module path
-    # Megatron-Core gates at 2.6.0.dev0 (save_original_input) and 2.7.0.dev (router module):
+    # Megatron-Core gates at 2.6.0.dev0 and 2.7.0.dev (router module):
     # paths this library does not offer must not be taken
     assert v < Version("2.6.0.dev0")
 

@@ -91,10 +91,11 @@ def test_fp8_model_init_stores_weights_in_fp8_only(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp8_weights_match_high_precision_and_train(device):
-    """Same values in FP8 and high-precision weights give the same FP8 forward; SGD steps on
-    Float8Tensor weights reduce a regression loss."""
+    """Same values in FP8 and high-precision weights give the same FP8 forward (the weights
+    made under the recipe the forward runs: the same cast); SGD steps on Float8Tensor weights
+    reduce a regression loss."""
     torch.manual_seed(0)
-    with te.fp8_model_init(enabled=True, recipe=recipe.DelayedScaling()):
+    with te.fp8_model_init(enabled=True, recipe=recipe.Float8CurrentScaling()):
         q = te.Linear(64, 32, device=device)
     hp = te.Linear(64, 32, device=device)
     with torch.no_grad():

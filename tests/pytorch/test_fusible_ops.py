@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
-from module_cases import autocast
+from module_cases import autocast, make_recipe
 from transformer_engine.common import recipe as te_recipe
 from utils import DEVICES, randn, stable_seed, tols
 
@@ -578,3 +578,20 @@ def test_fp8_refusals():
         with te.fp8_autocast(fp8_recipe=te_recipe.Float8BlockScaling()):
             lin32 = ops.Linear(32, 16, device="cpu", dtype=torch.bfloat16)
             lin32(torch.randn(16, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_inference_mode_makes_no_fp8_weight_transpose(device, recipe):
+    """Under inference_mode no backward follows: an FP8-only weight keeps no transpose (the
+    memory NVIDIA TE's inference check counts), though its parameters require grad."""
+    with torch.no_grad(), te.quantized_model_init(recipe=make_recipe(recipe)):
+        op = ops.Linear(32, 48, device=device)
+    assert op.weight.requires_grad and op.weight._transpose is None
+    x = randn((16, 32), torch.float32, device, seed=stable_seed("inference", recipe))
+    with torch.inference_mode(), autocast(recipe):
+        y = op(x)
+    assert y.shape == (16, 48) and op.weight._transpose is None
+    with autocast(recipe):  # a training step still makes and uses it
+        op(x.clone().requires_grad_(True)).sum().backward()
+    assert op.weight._transpose is not None and op.weight.grad is not None

@@ -247,3 +247,20 @@ def test_rope_module_path_with_nv_arguments():
     assert torch.equal(got, want)
     with pytest.raises(NotImplementedError, match="cp_size=2"):
         apply_rotary_pos_emb(t, freqs, cp_size=2, cp_rank=1)
+
+
+def test_extra_state_module_names_the_unsafe_pickle_variable():
+    """The name NVIDIA TE's numerics tests import; extra state here is a dict of tensors, which a
+    strict load_state_dict round-trips with the variable unset."""
+    import os
+    from transformer_engine.pytorch._extra_state import UNSAFE_PICKLE_EXTRA_STATE_ENV
+    assert UNSAFE_PICKLE_EXTRA_STATE_ENV == "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+    assert UNSAFE_PICKLE_EXTRA_STATE_ENV not in os.environ
+    m = te.Linear(32, 32, device="cpu")
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        m(randn((16, 32), torch.float32, "cpu", seed=3)).sum().backward()
+    state = m.state_dict()
+    assert isinstance(state["_extra_state"], dict)
+    twin = te.Linear(32, 32, device="cpu")
+    twin.load_state_dict(state, strict=True)
+    assert torch.equal(twin.get_extra_state()["amax_history_fwd"], state["_extra_state"]["amax_history_fwd"])

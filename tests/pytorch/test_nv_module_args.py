@@ -41,8 +41,6 @@ def test_userbuffers_flags_accepted_off_refused_on(name):
 def test_refused_options_name_module_and_argument():
     with pytest.raises(NotImplementedError, match="Linear: symmetric_ar_type='multimem_all_reduce'"):
         te.Linear(32, 32, device="cpu", symmetric_ar_type="multimem_all_reduce")
-    with pytest.raises(NotImplementedError, match="save_original_input=True"):
-        te.Linear(32, 32, device="cpu", save_original_input=True)
     with pytest.raises(NotImplementedError, match="DotProductAttention: return_max_logit=True"):
         te.DotProductAttention(4, 8, return_max_logit=True)
     with pytest.raises(NotImplementedError, match="qk_norm_type='RMSNorm'"):
@@ -185,7 +183,8 @@ def test_fp8_weights_keep_high_precision_init_val_and_attributes(device):
     assert isinstance(w, te.QuantizedTensor) and isinstance(w, torch.nn.Parameter)
     hp = w.get_high_precision_init_val()
     assert hp.device.type == "cpu" and hp.shape == w.shape
-    # the FP8 weight is the current-scaling cast of that value, bit for bit
+    # the FP8 weight is its quantizer's cast of that value, bit for bit (the default recipe,
+    # DelayedScaling: the scale a module's delayed-scaling state starts from)
     again = w._get_quantizer().make_empty(shape=w.shape, dtype=w.dtype, device=w.device)
     w._get_quantizer().update_quantized(hp.to(w.device), again)
     assert torch.equal(again.dequantize(dtype=w.dtype), w.dequantize())

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import transformer_engine.pytorch as te
+from transformer_engine.pytorch.module.base import get_dummy_wgrad
 from module_cases import autocast
 from utils import DEVICES, randn, stable_seed, tols
 
@@ -115,6 +116,9 @@ def test_fuse_wgrad_accumulation(device, module, recipe, protocol):
         else:
             assert p.grad_added_to_main_grad is True
             assert p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype
+            # the cached placeholder (NVIDIA TE's get_dummy_wgrad), not a new tensor per backward
+            dummy = get_dummy_wgrad(list(p.shape), p.dtype, device=p.device)
+            assert p.grad.data_ptr() == dummy.data_ptr()
             if protocol == "megatron_zero_out":
                 assert torch.count_nonzero(p.grad) == 0
 

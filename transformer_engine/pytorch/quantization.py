@@ -321,9 +321,12 @@ def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 
     Weights of :class:`Linear`, :class:`LayerNormLinear` and :class:`LayerNormMLP` created inside
     the context are :class:`Float8Tensor` parameters with no high-precision copy, which halves (or
-    quarters) their memory. They are cast once at creation with their own amax (current scaling);
-    in-place updates (e.g. by the optimizer) requantise them. Works on every backend with FP8
-    support.
+    quarters) their memory. They are cast once at creation: under Float8CurrentScaling with their
+    own amax; under DelayedScaling with the scale a module's delayed-scaling state starts from
+    (1), as a module with high-precision weights casts them in its first FP8 step, so that the
+    two give the same first step; the module's state then records the weight's amax and
+    ``quantize_`` uses the module's scale. In-place updates (e.g. by the optimizer) requantise
+    them with a fresh per-tensor scale. Works on every backend with FP8 support.
 
     Parameters
     ----------

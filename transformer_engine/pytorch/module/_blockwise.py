@@ -69,10 +69,14 @@ class _BlockLinearFn(torch.autograd.Function):
         fwd, bwd = recipe_fp8_dtypes(recipe, x2d.device)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
         override = recipe.backward_override
+        # save_original_input (see _original_input.py): x itself is saved, its transposed
+        # copy made in the backward
+        keep_input = (getattr(module, "save_original_input", False) and need_wgrad
+                      and override is None)
         # transposed copies only for FP8 backward GEMMs
         xq, xq_t = B.quantize_blockwise(x2d, fwd, recipe.x_block_scaling_dim,
                                         recipe.fp8_quant_fwd_inp.power_2_scale,
-                                        need_wgrad and override is None)
+                                        need_wgrad and override is None and not keep_input)
         if _stored_tiles(weight, recipe, fwd):  # an FP8 weight (quantized_model_init)
             wq, wq_t = weight.blocks()
             w = weight.dequantize(dtype) if override is not None else None
@@ -84,7 +88,8 @@ class _BlockLinearFn(torch.autograd.Function):
         y = B.gemm_blockwise(wq, xq, dtype, bias)
         if override is not None:
             ctx.override = _Operands(override, x2d, w, xq, wq, need_dgrad, need_wgrad, dtype)
-        ctx.saved = (xq_t, wq_t)
+        ctx.saved = (x2d if keep_input else xq_t, wq_t)
+        ctx.keep_input, ctx.fwd = keep_input, fwd
         ctx.wgrad = _WgradTarget(module, weight)
         ctx.recipe, ctx.dtype, ctx.bwd = recipe, dtype, bwd
         ctx.need = (need_dgrad, need_wgrad, bias is not None and bias.requires_grad)
@@ -102,6 +107,9 @@ class _BlockLinearFn(torch.autograd.Function):
         if recipe.backward_override is not None:
             dx, dw = ctx.override.grads(dy, B.dequantize_blockwise, ctx.wgrad)
             return dx, dw, db, None, None, None
+        if ctx.keep_input:  # the forward's quantisation again: the values alone decide it
+            xq_t = B.quantize_blockwise(xq_t, ctx.fwd, recipe.x_block_scaling_dim,
+                                        recipe.fp8_quant_fwd_inp.power_2_scale, True)[1]
         dyq, dyq_t = B.quantize_blockwise(dy, ctx.bwd, recipe.grad_block_scaling_dim,
                                           recipe.fp8_quant_bwd_grad.power_2_scale, need_wgrad)
         dx = B.gemm_blockwise(wq_t, dyq, ctx.dtype) if need_dgrad else None

@@ -10,7 +10,6 @@ USERBUFFERS_FLAGS = ("ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad", "u
 # option -> (its off value, what is not implemented)
 _OFF = {
     "symmetric_ar_type": (None, "symmetric-memory all-reduce"),
-    "save_original_input": (False, "saving the unquantized input for the backward"),
     "bottom_right_diagonal": (None, "an explicit bottom_right_diagonal (the mask type decides it)"),
     "enc_dec_bottom_right_diagonal": (None, "an explicit enc_dec_bottom_right_diagonal"),
     "return_max_logit": (False, "returning the max attention logit"),

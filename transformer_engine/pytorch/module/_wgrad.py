@@ -5,7 +5,9 @@ see library/gemm.py, wgrad_out). What autograd then receives for the weight foll
 protocol: a weight that carries a `grad_added_to_main_grad` attribute gets it set to True and
 autograd is handed a placeholder of the weight's shape and dtype (zeros when the weight's
 `zero_out_wgrad` is true, else uninitialised), which that DDP ignores because the flag is set;
-any other weight gets no gradient (None).
+any other weight gets no gradient (None). The placeholder is one cached buffer per shape, dtype
+and device (get_dummy_wgrad, as NVIDIA TE has it), so no weight-sized tensor is allocated per
+backward and `.grad` of every such weight shares its storage.
 
 delay_wgrad_compute=True: the backward makes the input and bias gradients only and queues the
 weight-gradient GEMMs on the module; `module.backward_dw()` runs them later (pipeline schedules
@@ -43,8 +45,42 @@ def autograd_weight_grad(weight: Optional[torch.Tensor], dw: Optional[torch.Tens
     if weight is None or not hasattr(weight, "grad_added_to_main_grad"):
         return None
     weight.grad_added_to_main_grad = True
-    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-    return make(weight.shape, dtype=weight.dtype, device=weight.device)
+    return get_dummy_wgrad(list(weight.shape), weight.dtype,
+                           bool(getattr(weight, "zero_out_wgrad", False)), weight.device)
+
+
+_DUMMY_WGRADS: dict = {}
+
+
+def get_dummy_wgrad(shape: list, dtype: torch.dtype, zero: bool = False,
+                    device=None) -> torch.Tensor:
+    """The placeholder weight gradient handed to autograd for a weight whose gradient went into
+    its ``main_grad``: one cached buffer per (shape, dtype, device), returned detached (a new
+    tensor over the same storage, which autograd may adopt as ``.grad``).
+
+    Parameters
+    ----------
+    shape : list of int
+        The weight's shape.
+    dtype : torch.dtype
+        The weight's dtype.
+    zero : bool, default False
+        Fill the buffer with zeros first (else its contents are whatever it held).
+    device : torch.device or str, optional
+        Default: the current CUDA/ROCm device when there is one, else the CPU.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (tuple(int(d) for d in shape), dtype, device)
+    buf = _DUMMY_WGRADS.get(key)
+    if buf is None:
+        buf = _DUMMY_WGRADS[key] = torch.empty(key[0], dtype=dtype, device=device)
+    if zero:
+        buf.zero_()
+    return buf.detach()
 
 
 def weight_grad(module, weight: Optional[torch.Tensor], fuse: bool,

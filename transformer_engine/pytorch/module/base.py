@@ -11,9 +11,9 @@ import torch
 from .. import quantization as q
 from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
-from ..tensor import Float8BlockwiseQTensor, Float8Tensor
+from ..tensor import Float8BlockwiseQTensor, Float8Tensor, delayed_weight
 from ._input_check import call_checked
-from ._wgrad import DelayedWeightGrad
+from ._wgrad import DelayedWeightGrad, get_dummy_wgrad  # noqa: F401  (NVIDIA TE's path)
 
 
 def default_init_method(std: float = 0.023) -> Callable:
@@ -243,6 +243,8 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
                 w, q.recipe_fp8_dtypes(recipe, w.device)[0], w.dtype,
                 recipe.fp8_quant_fwd_weight.power_2_scale)
         rs = q.RecipeState(recipe, w.device, 1, 0)
+        if rs.delayed:
+            return delayed_weight.new_weight_quantizer(rs).quantize(w, dtype=w.dtype)
         return Float8Tensor.quantize(w, rs.fwd_dtype, w.dtype)
 
     def _apply(self, fn, *args, **kwargs):
@@ -360,6 +362,8 @@ def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_mic
     """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the per-step
     cache (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
     if isinstance(weight, Float8Tensor):
+        if fi.rs.delayed:
+            delayed_weight.follow_module_state(weight, fi.rs, slot)
         return weight._data, (weight.transpose_fp8() if need_transpose else None), weight._scale_inv
     cache = module._fp8_weight_cache if module is not None else None
     if is_first_microbatch is False and cache is not None and slot in cache:

@@ -21,7 +21,7 @@ import torch
 from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
-from . import _blockwise, _parallel, _wgrad
+from . import _blockwise, _original_input, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._nv_options import check_off
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -76,6 +76,7 @@ class _GroupedLinearFn(torch.autograd.Function):
         need_dgrad = inp.requires_grad
         need_wgrad = [w.requires_grad for w in weights]
         fp8 = fi.fp8 and x2d.shape[0] > 0
+        keep_input = fp8 and getattr(module, "save_original_input", False)  # _original_input.py
         if fp8:
             check_fp8_dims(_NAME, 16, in_features, out_features)
             bad = [m for m in splits if m % 16]
@@ -94,11 +95,13 @@ class _GroupedLinearFn(torch.autograd.Function):
                 continue
             x_i = x2d[rows]
             if fp8:
-                xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i], fi.replay, fi.record)
+                kept = keep_input and need_wgrad[i]
+                xq, xq_t, x_sinv = cast(fi.rs, x_i, True, 2 * i, need_wgrad[i] and not kept,
+                                        fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weights[i], fi, 2 * i + 1, need_dgrad,
                                                      is_first_microbatch)
                 _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, b, out=y[rows])
-                saved.append((xq_t, x_sinv, wq_t, w_sinv))
+                saved.append((x_i if kept else xq_t, x_sinv, wq_t, w_sinv))
             else:
                 w = hp_weight(weights[i], dtype)
                 if fi.calibrating:
@@ -109,6 +112,7 @@ class _GroupedLinearFn(torch.autograd.Function):
         ctx.groups = saved  # per-group operands (a list: None entries for empty groups)
         ctx.splits, ctx.fp8, ctx.fi, ctx.dtype, ctx.module = splits, fp8, fi, dtype, module
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
+        ctx.keep_input = keep_input
         ctx.bias_grad = [b.requires_grad for b in biases] if biases else None
         ctx.bias_dtypes = [b.dtype for b in biases] if biases else None
         fuse = module.fuse_wgrad_accumulation
@@ -145,6 +149,8 @@ class _GroupedLinearFn(torch.autograd.Function):
             group = ctx.groups[i]
             if ctx.fp8:
                 xq_t, x_sinv, wq_t, w_sinv = group
+                if ctx.keep_input and ctx.need_wgrad[i]:  # the saved input, cast again
+                    xq_t, x_sinv = _original_input.cast_again(fi.rs, xq_t, 2 * i)
                 dyq, dyq_t, dy_sinv = cast(fi.rs, dy_i, False, i, ctx.need_wgrad[i])
                 if ctx.need_dgrad:
                     _gemms.dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, dtype, out=dx[rows])
@@ -243,8 +249,10 @@ class GroupedLinear(TransformerEngineBaseModule):
         flagged with ``skip_backward_post_hook = True`` so that Megatron-style data-parallel
         wrappers leave their reduction to those hooks.
     save_original_input : bool, default False
-        Accepted and stored, without effect: the backward reads the FP8 copy of each group's
-        input under FP8, and the input itself otherwise.
+        Under FP8, save each group's input as it came (high precision) for the backward instead
+        of its FP8 copy, and cast it again there for the weight-gradient GEMM (the same bits).
+        Works with Float8CurrentScaling and Float8BlockScaling; under DelayedScaling a call that
+        makes a weight gradient raises ValueError. No effect without FP8.
     single_grouped_weight, single_grouped_bias : bool, default False
         One grouped parameter holding every GEMM's weight (bias). Not implemented: only False is
         accepted (True raises NotImplementedError); the weights are ``weight0`` ...
@@ -289,7 +297,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         self.sequence_parallel = sequence_parallel and self.tp_size > 1
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
-        self.save_original_input = save_original_input
+        self.save_original_input = bool(save_original_input)
         self.use_bias, self.return_bias = bias, return_bias
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
@@ -379,6 +387,7 @@ class GroupedLinear(TransformerEngineBaseModule):
             out = out.view(*inp.shape[:-1], self.out_features)
         else:
             fi = self.fp8_call_info(inp.device)
+            _original_input.check_recipe(_NAME, self, fi, self._weights())
             out = _GroupedLinearFn.apply(inp, splits, self, fi, dtype, is_first_microbatch,
                                          *self._weights(), *gemm_biases)
         if self.return_bias:

@@ -17,7 +17,7 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
 from ..tensor import Float8Tensor
-from . import _blockwise, _parallel, _wgrad
+from . import _blockwise, _original_input, _parallel, _wgrad
 from ._input_check import check_fp8_dims
 from ._nv_options import check_off
 from ._sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
@@ -35,6 +35,7 @@ class _LinearFn(torch.autograd.Function):
         # sp: the sequence-parallel group (_parallel.NormTP) when this call gathers its input's
         # rows itself, in FP8 (see _sequence_parallel_fp8), else None
         module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp = call
+        keep_input = getattr(module, "save_original_input", False)  # see _original_input.py
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
         x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
@@ -83,11 +84,13 @@ class _LinearFn(torch.autograd.Function):
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
             else:
-                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad, fi.replay, fi.record)
+                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad and not keep_input,
+                                        fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
                 y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
-                ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
+                kept_x = x2d if keep_input and need_wgrad else xq_t
+                ctx.save_for_backward(kept_x, x_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
             if fi.calibrating:
@@ -101,6 +104,7 @@ class _LinearFn(torch.autograd.Function):
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
         ctx.sp = sp
+        ctx.input_kept = fp8 and keep_input and need_wgrad
         ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.delay = getattr(module, "delay_wgrad_compute", False)
@@ -139,6 +143,8 @@ class _LinearFn(torch.autograd.Function):
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
             saved = ctx.saved_tensors
+            if ctx.input_kept:  # the forward saved its input: cast it again for the wgrad GEMM
+                saved = (*_original_input.cast_again(fi.rs, saved[0], 0), *saved[2:])
             if nc is not None:
                 dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, saved)
                 db = fdb if fused_db else db
@@ -369,8 +375,12 @@ class Linear(TransformerEngineBaseModule):
         None is accepted (a value raises NotImplementedError); the plain
         ``torch.distributed.all_reduce`` is used.
     save_original_input : bool, default False
-        Keep the unquantized input for the backward instead of its FP8 copy. Not implemented:
-        only False is accepted (True raises NotImplementedError).
+        Under FP8, save the input as it came (high precision) for the backward instead of its
+        FP8 copy, and cast it again there for the weight-gradient GEMM: the gradients are the
+        same bits, and memory drops where the caller keeps the input alive anyway. Works with
+        Float8CurrentScaling and Float8BlockScaling; under DelayedScaling a call that makes a
+        weight gradient raises ValueError. No effect without FP8 or under a
+        ``backward_override`` (which decides what is saved).
     delay_wgrad_compute : bool, default False
         The backward computes the input gradient and queues the weight-gradient GEMMs on the
         module; :meth:`backward_dw` runs them later (pipeline
@@ -407,8 +417,8 @@ class Linear(TransformerEngineBaseModule):
         super().__init__()
         check_off("Linear", ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
                   ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
-                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type,
-                  save_original_input=save_original_input)
+                  ub_bulk_wgrad=ub_bulk_wgrad, symmetric_ar_type=symmetric_ar_type)
+        self.save_original_input = bool(save_original_input)
         _parallel.check_parallel_mode("Linear", parallel_mode)
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.tp_group = tp_group
@@ -491,11 +501,12 @@ class Linear(TransformerEngineBaseModule):
     def _fp8_sequence_gather(self, fi, inp, residual):
         """The sequence-parallel group (a _parallel.NormTP) when this column-parallel call gathers
         its input in FP8 inside its GEMM step, else None (the gather stays before the step, in
-        high precision: no FP8, a scale the ranks may not share, an empty input, or a residual
-        to add in the GEMM, whose shape is checked against the gathered input)."""
+        high precision: no FP8, a scale the ranks may not share, an empty input, a residual
+        to add in the GEMM, whose shape is checked against the gathered input, or
+        save_original_input, which keeps the gathered high-precision rows for wgrad)."""
         if fi is None or not self.sequence_parallel or self.tp_size == 1:
             return None
-        if residual is not None or inp.numel() == 0:
+        if residual is not None or inp.numel() == 0 or self.save_original_input:
             return None
         tp = _parallel.NormTP(self.tp_group, self.tp_size, True, True)
         return tp if fp8_gather_applies(fi, tp) else None
@@ -591,11 +602,13 @@ class Linear(TransformerEngineBaseModule):
             if self.return_bias:
                 return out, (bias.to(out.dtype) if bias is not None else None)
             return out
+        _original_input.check_recipe("Linear", self, fi, (weight,))
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
-        # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM
+        # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM;
+        # save_original_input under FP8: the checked path, which can save the input unquantized
         nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
-              and sp is None else None)
+              and sp is None and not (self.save_original_input and fi.fp8) else None)
         # eager native calls skip Function.apply's Python wrapper (its default-argument binding
         # and functorch checks cost more host time than the rest of the call)
         apply = (_RAW_APPLY if nc is not None and not torch._C._are_functorch_transforms_active()

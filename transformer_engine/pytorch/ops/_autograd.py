@@ -49,7 +49,10 @@ class _GroupFunction(torch.autograd.Function):
         extra_inputs = tensors[:n_extra_in]
         op_ctxs = [OperationContext() for _ in group.ops]
         dtype = compute_dtype(x)
-        needs_grad = any(ctx.needs_input_grad)
+        # under inference_mode no backward can follow, whatever the parameters say (no FP8
+        # transposes made for one); a traced graph cannot ask and keeps what a backward needs
+        needs_grad = any(ctx.needs_input_grad) and (torch.compiler.is_compiling()
+                                                    or not torch.is_inference_mode_enabled())
         for c in op_ctxs:
             c.dtype = dtype
             c.requires_grad = needs_grad

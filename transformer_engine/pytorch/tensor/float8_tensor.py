@@ -119,6 +119,10 @@ class Float8Tensor(QuantizedTensor):
         Float8Tensor
             This tensor, updated in place."""
         if self._quantizer is not None:
+            if getattr(self._quantizer, "module_weight", False):
+                # its scale is a module's delayed-scaling scale: a deferred update lands first
+                from ..quantization import flush_deferred_updates
+                flush_deferred_updates()
             self._quantizer.update_quantized(tensor.to(self.dtype), self)
         else:
             self._requantize_from(tensor.dequantize() if isinstance(tensor, QuantizedTensor) else tensor)

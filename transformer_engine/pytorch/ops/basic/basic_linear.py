@@ -10,7 +10,7 @@ from ... import distributed as dist_te
 from ... import kernels
 from ... import quantization as q
 from ...quantization import FP8GlobalState
-from ...tensor import Float8Tensor
+from ...tensor import Float8Tensor, delayed_weight
 from .._fp8 import cast, fp8_call, record_amax
 from ..op import PREFIX, BasicOperation, OperationContext, op_name
 from ._common import (check_device, check_last_dim, default_device, default_dtype, high_precision,
@@ -145,8 +145,12 @@ class BasicLinear(BasicOperation):
 
     def _to_fp8_weight(self, w: torch.Tensor) -> Float8Tensor:
         recipe = self._weight_recipe or q.get_default_recipe()
-        fp8_dtype = q.RecipeState(recipe, w.device, 1, 0, allocate=False).fwd_dtype
-        wq = Float8Tensor.quantize(w, fp8_dtype, w.dtype)
+        if recipe.delayed():  # see tensor/delayed_weight.py
+            wq = delayed_weight.new_weight_quantizer(q.RecipeState(recipe, w.device, 1, 0)).quantize(
+                w, dtype=w.dtype)
+        else:
+            fp8_dtype = q.RecipeState(recipe, w.device, 1, 0, allocate=False).fwd_dtype
+            wq = Float8Tensor.quantize(w, fp8_dtype, w.dtype)
         if self._keep_hp_init_val:
             wq._high_precision_init_val = w.detach().to("cpu", copy=True)
         return wq
@@ -207,6 +211,8 @@ class BasicLinear(BasicOperation):
             xq, xq_t, x_sinv = cast(rs, x2d, True, 0, need_t)
         weight = self.weight
         if isinstance(weight, Float8Tensor):  # an FP8 weight is used as it is stored
+            if rs.delayed:
+                delayed_weight.follow_module_state(weight, rs, 1)
             wq, w_sinv = weight._data, weight._scale_inv
             wq_t = weight.transpose_fp8() if need_t else None
         else:
