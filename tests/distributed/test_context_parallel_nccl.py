@@ -1,6 +1,7 @@
 """Context parallelism (ring attention over an NCCL group, one process per GPU) against the unsplit
 DotProductAttention on one GPU with the same inputs, in BF16 through the fused backends: causal
 and no_mask, bshd and sbhd, GQA; output and q/k/v gradients. Needs two GPUs."""
+import faulthandler
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nccl_spawn import free_port  # noqa: E402
+from nccl_spawn import free_port, start_ranks, watch_for_hang  # noqa: E402
 
 WORLD = 2
 CASES = [(fmt, mask) for fmt in ("bshd", "sbhd") for mask in ("causal", "no_mask")]
@@ -28,6 +29,7 @@ def _worker(rank, port, out_path):
     import transformer_engine.pytorch as te
     from transformer_engine.pytorch.attention.context_parallel import split_for_context_parallel
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    watch_for_hang(f"{out_path}.hang.{rank}")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank))
     group = dist.new_group(list(range(WORLD)))
@@ -59,6 +61,7 @@ def _worker(rank, port, out_path):
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +69,10 @@ def results():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < WORLD:
         pytest.skip(f"needs {WORLD} GPUs; {gpus} visible")
-    import torch.multiprocessing as mp
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results")
-        mp.start_processes(_worker, args=(port, out), nprocs=WORLD, start_method="spawn")
+        start_ranks(_worker, (port,), WORLD, out)
         return [json.load(open(f"{out}.{r}")) for r in range(WORLD)]
 
 

@@ -4,6 +4,7 @@ MultiheadAttention and TransformerLayer, with and without sequence parallelism, 
 DelayedScaling (amax reduced over the group) and Float8CurrentScaling; outputs, the input
 gradient and every parameter gradient, plus return_bias / return_layernorm_output. Needs two
 GPUs; the same modules are checked in two-process gloo groups on the CPU in tests/pytorch."""
+import faulthandler
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tp_cases  # noqa: E402
-from nccl_spawn import free_port  # noqa: E402
+from nccl_spawn import free_port, start_ranks, watch_for_hang  # noqa: E402
 
 WORLD = 2
 CASES = tp_cases.all_cases()
@@ -28,6 +29,7 @@ def _gpus() -> int:
 def _worker(rank: int, port: int, out_path: str):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    watch_for_hang(f"{out_path}.hang.{rank}")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank))
     group = dist.new_group(list(range(WORLD)))
@@ -42,17 +44,17 @@ def _worker(rank: int, port: int, out_path: str):
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
 def results():
     if _gpus() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs with the native backend; {_gpus()} visible")
-    import torch.multiprocessing as mp
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results")
-        mp.start_processes(_worker, args=(port, out), nprocs=WORLD, start_method="spawn")
+        start_ranks(_worker, (port,), WORLD, out)
         per_rank = []
         for r in range(WORLD):
             with open(f"{out}.{r}") as f:
