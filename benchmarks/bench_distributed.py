@@ -86,19 +86,31 @@ def _time_steps(step, rounds, barrier=None):
     return statistics.median(times)
 
 
+# host calls that wait for the device: a step that makes one cannot queue ahead of its kernels
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy ", "cudaMemcpyAsync", "aten::_local_scalar_dense", "aten::item")
+
+
 def _profile_summary(step) -> dict:
-    """Milliseconds of one step's device time by kind of kernel (rank 0)."""
+    """One step's device time by kind of kernel, the host time it took to issue it, and the
+    host calls in it that wait for the device (rank 0's are kept)."""
+    import time
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
         step()
+        host_ms = (time.perf_counter() - t0) * 1e3  # issuing the step, before waiting for it
         torch.cuda.synchronize()
     kinds = {"gemm": 0.0, "nccl": 0.0, "attention": 0.0, "other": 0.0}
-    top = []
+    top, syncs = [], {}
     for ev in prof.key_averages():
+        for call in _SYNC_CALLS:
+            if ev.key.startswith(call.strip()):
+                syncs[ev.key] = syncs.get(ev.key, 0) + ev.count
         us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if not us:
-            continue
+        if not us or ev.key.startswith(("aten::", "cuda", "Profiler", "autograd::", "ProfilerStep")):
+            continue  # host-side events carry their kernels' time too: count kernels only
         name = ev.key.lower()
         # cuBLAS names its Hopper GEMM kernels nvjet_*, older ones *gemm* / *xmma*
         kind = ("nccl" if "nccl" in name
@@ -108,10 +120,12 @@ def _profile_summary(step) -> dict:
         kinds[kind] += us / 1000.0
         top.append((us / 1000.0, ev.key[:90]))
     top.sort(reverse=True)
-    # the sum of kernel times against the step's wall time (measured separately): a step much
-    # longer than its kernels waits on the host
+    # kernels' total against the step's wall time (measured apart): a step much longer than its
+    # kernels waits on the host, either issuing work (host_issue_ms) or synchronising (syncs)
     return {"by_kind_ms": {k: round(v, 3) for k, v in kinds.items()},
             "kernels_total_ms": round(sum(kinds.values()), 3),
+            "host_issue_ms": round(host_ms, 3),
+            "syncs": syncs,
             "top_kernels_ms": [[round(t, 3), n] for t, n in top[:12]]}
 
 
