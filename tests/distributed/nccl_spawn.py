@@ -19,7 +19,7 @@ def free_port() -> int:
 
 # a rank still running after this long is taken as hung: its threads' stacks are written to its
 # report and the process exits, so that the test fails with where each rank waits
-HANG_SECONDS = 240
+HANG_SECONDS = 150
 
 
 def watch_for_hang(path: str) -> None:
