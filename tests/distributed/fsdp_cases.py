@@ -108,6 +108,17 @@ def count_gathered_bytes():
             setattr(dist, name, original)
 
 
+def agree(ok: bool, msg: str, group, device: str) -> None:
+    """Raises on every rank when the check failed on any: a rank that raised alone would leave
+    the others waiting in their next collective."""
+    flag = torch.tensor([1.0 if ok else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    if not ok:
+        raise AssertionError(msg)
+    if flag.item() < 1.0:
+        raise AssertionError("the check failed on another rank (its report says which)")
+
+
 def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, steps: int) -> None:
     """Raises AssertionError when the sharded model leaves the unsharded one."""
     import torch.distributed.checkpoint as dcp
@@ -133,7 +144,8 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
             loss = (out - target[mine]).square().sum() / target.numel()
         if step == 0:
             want = expected_gather_bytes(sharded, world)
-            assert sent[0] == want, f"first forward all-gathered {sent[0]} bytes; expected {want}"
+            agree(sent[0] == want, f"first forward all-gathered {sent[0]} bytes; expected {want}",
+                  group, device)
         loss.backward()
         # each rank's loss is its share of the whole batch's mean, so that its output gradient
         # equals the unsharded model's on those rows (a gradient twice as large rounds
@@ -151,8 +163,9 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
         ref_opt.zero_grad()
         # the outputs themselves, not only the loss (which the target's variance dominates)
         err = (out.detach() - ref_out.detach()[mine]).norm() / ref_out.detach()[mine].norm()
-        assert err <= OUT_BOUND[precision] * slack, \
-            f"{precision} step {step}: output norm-relative error {float(err):.4g} > {OUT_BOUND[precision] * slack}"
+        agree(bool(err <= OUT_BOUND[precision] * slack),
+              f"{precision} step {step}: output norm-relative error {float(err):.4g} > "
+              f"{OUT_BOUND[precision] * slack}", group, device)
         total = loss.detach().clone()
         dist.all_reduce(total, group=group)
         torch.testing.assert_close(total, ref_loss.detach(), **loss_tol,
@@ -175,4 +188,6 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
         want = sharded(x)
     with _step_context(precision, group):
         got = fresh(x)
-    torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{precision} after DCP load: {m}")
+    same = bool(torch.equal(got, want))
+    agree(same, f"{precision} after DCP load: outputs differ from the saved model's "
+                f"(largest difference {float((got - want).abs().max()):.4g})", group, device)

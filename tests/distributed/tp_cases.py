@@ -229,9 +229,11 @@ def run_case(case: Case, group, rank: int, world: int) -> dict:
         yp[0].backward(_out_chunk(dy_full, case, rank, world))
         if step == 0:
             continue
+        # the collectives first (SP gradients are all-reduced in _results): a check that raised
+        # on one rank before them would leave the other waiting
+        errors = _results(case, rank, world, x, yf, yp, xf, xp, full, part, group)
         if case.precision == "delayed":
             _check_scales_equal(full, part)
-        errors = _results(case, rank, world, x, yf, yp, xf, xp, full, part, group)
         noise = {}
         if twin is not None:
             twin.zero_grad(set_to_none=True)
