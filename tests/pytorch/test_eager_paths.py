@@ -138,3 +138,22 @@ def test_eager_native_branches_run(stand_in, name, rname, microbatch):
     out.float().sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
     assert not q._DEFERRED
+
+
+@pytest.mark.parametrize("recipe_name", ["delayed", "current"])
+def test_state_pointers_name_the_state_tensors(recipe_name):
+    """The addresses the native eager calls receive for a recipe state are its tensors', per
+    direction, with the direction's step counter, and reading them runs no pending update."""
+    r = recipe.DelayedScaling() if recipe_name == "delayed" else recipe.Float8CurrentScaling()
+    rs = q.RecipeState(r, torch.device("cpu"), 3, 2)
+    fwd, bwd = rs.ptrs_fwd, rs.ptrs_bwd
+    groups = rs.scaling_groups()
+    for ptrs, (h, sc, si, fp8_max, sk), i in ((fwd, groups[0], 0), (bwd, groups[1], 1)):
+        assert ptrs == (h.data_ptr(), sc.data_ptr(), si.data_ptr(), fp8_max,
+                        rs.counters[i].data_ptr(), sk.data_ptr())
+    assert bwd[4] - fwd[4] == rs.counters.element_size()
+    assert fwd[3] == rs.fwd_max and bwd[3] == rs.bwd_max
+    descs = rs.update_desc(True), rs.update_desc(False)
+    for desc, (h, sc, si, fp8_max, sk) in zip(descs, groups):
+        assert desc == (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1],
+                        float(fp8_max), sk.data_ptr())

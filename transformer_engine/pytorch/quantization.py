@@ -502,33 +502,24 @@ class RecipeState:
         self.__dict__.update(state)
 
     def _pointers(self):
-        # (history, scale, scale_inv, fp8_max, counter, skipped) as raw pointers for the native
-        # fast path (the tensors never move, loading a state copies into them: a device change
-        # builds a new state); made on first eager use. skipped: where current scaling's native
-        # scales count a non-finite amax, slot by slot as compute_current_scale counts it.
+        # made on first eager use, kept (kernels.scaling.state_pointers says what they are)
         if self._ptrs is None:
-            c = self.counters.data_ptr()
-            self._ptrs = ((self._amax_history_fwd.data_ptr(), self._scale_fwd.data_ptr(),
-                           self._scale_inv_fwd.data_ptr(), self.fwd_max, c,
-                           self._skipped_fwd.data_ptr()),
-                          (self.amax_history_bwd.data_ptr(), self.scale_bwd.data_ptr(),
-                           self.scale_inv_bwd.data_ptr(), self.bwd_max, c + 4,
-                           self.skipped_bwd.data_ptr()))
+            from .kernels.scaling import state_pointers
+            self._ptrs = state_pointers(self.scaling_groups(), self.counters)
         return self._ptrs
 
     def update_desc(self, forward: bool):
         """This state's group for the native batched update, or None when it has no tensors."""
         descs = self._update_descs
         if descs is None:
-            descs = self._update_descs = tuple(
-                (h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m),
-                 sk.data_ptr())
-                if h.shape[1] else None
-                for h, sc, si, m, sk in self._groups())
+            from .kernels.scaling import update_descriptors
+            descs = self._update_descs = update_descriptors(self.scaling_groups())
         return descs[0 if forward else 1]
 
-    def _groups(self):
-        """(history, scale, scale_inv, fp8_max, skipped) of the forward and the backward."""
+    def scaling_groups(self):
+        """(history, scale, scale_inv, fp8_max, skipped) of the forward and the backward, the
+        tensors themselves (no pending update is run first: for their addresses and for the
+        update itself)."""
         return ((self._amax_history_fwd, self._scale_fwd, self._scale_inv_fwd, self.fwd_max,
                  self._skipped_fwd),
                 (self.amax_history_bwd, self.scale_bwd, self.scale_inv_bwd, self.bwd_max,
@@ -763,7 +754,7 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
                 desc, code, float(recipe.margin), native.stream_handle(states[0].device.index))
         return
     for fwd in directions:
-        groups = [s._groups()[0 if fwd else 1] for s in states]
+        groups = [s.scaling_groups()[0 if fwd else 1] for s in states]
         groups = [g for g in groups if g[0].shape[1] > 0]
         if groups:
             from .kernels import delayed_scaling_update

@@ -103,3 +103,24 @@ def delayed_scaling_update(groups: Sequence[ScalingGroup], algo: Union[str, Call
         if id(g) not in fast_ids:
             delayed_scaling_update_reference(g[0], g[1], g[2], g[3], algo, margin,
                                              g[4] if len(g) == 5 else None)
+
+
+def state_pointers(groups, counters: torch.Tensor) -> tuple:
+    """A recipe state's (history, scale, scale_inv, fp8_max, counter, skipped) of the forward and
+    of the backward, as raw addresses (fp8_max a float) for the native calls of the eager path
+    (the fused Linear step's plan, the unchecked casts), from its two (history, scale,
+    scale_inv, fp8_max, skipped) groups and its int32 step counters (one per direction). The
+    tensors never move: loading a state copies into them, a device change builds a new state."""
+    return tuple((h.data_ptr(), sc.data_ptr(), si.data_ptr(), m, counters[i:i + 1].data_ptr(),
+                  sk.data_ptr())
+                 for i, (h, sc, si, m, sk) in enumerate(groups))
+
+
+def update_descriptors(groups) -> tuple:
+    """The native batched update's descriptor of each (history, scale, scale_inv, fp8_max,
+    skipped) group: addresses, the history's [length, slots] and fp8_max; None for a group
+    without slots."""
+    return tuple((h.data_ptr(), sc.data_ptr(), si.data_ptr(), h.shape[0], h.shape[1], float(m),
+                  sk.data_ptr()) if h.shape[1] else None
+                 for h, sc, si, m, sk in groups)
+
