@@ -113,7 +113,8 @@ class _BlockLinearFn(torch.autograd.Function):
         dyq, dyq_t = B.quantize_blockwise(dy, ctx.bwd, recipe.grad_block_scaling_dim,
                                           recipe.fp8_quant_bwd_grad.power_2_scale, need_wgrad)
         dx = B.gemm_blockwise(wq_t, dyq, ctx.dtype) if need_dgrad else None
-        dw = ctx.wgrad.deliver(lambda: B.gemm_blockwise(xq_t, dyq_t, ctx.dtype)) if need_wgrad else None
+        dw = (ctx.wgrad.deliver(lambda out: B.gemm_blockwise(xq_t, dyq_t, out), ctx.dtype)
+              if need_wgrad else None)
         return dx, dw, db, None, None, None
 
 
@@ -136,14 +137,16 @@ class _WgradTarget:
         keep = self.fuse or getattr(module, "delay_wgrad_compute", False)
         self.weight = weight if keep else None
 
-    def deliver(self, compute):
-        """What autograd receives for the weight, given compute() -> dW in the activation dtype."""
+    def deliver(self, compute, dtype):
+        """What autograd receives for the weight, given compute(out_dtype) -> dW: in `dtype`
+        (the activation dtype) when returned, in main_grad's dtype when accumulated into it, so
+        that the sum is not rounded to the activation dtype first."""
         weight, fuse = self.weight, self.fuse
 
         def run():
-            dw = compute()
             if not fuse:
-                return dw
+                return compute(dtype)
+            dw = compute(weight.main_grad.dtype)
             weight.main_grad.add_(dw.to(weight.main_grad.dtype))
             return None
         if weight is None:
@@ -170,7 +173,7 @@ class _Operands:
         x, w = self.x, self.w
         self.x = self.w = None
         dx = dy @ hp(w) if w is not None else None
-        dw = wgrad.deliver(lambda: dy.t() @ hp(x)) if x is not None else None
+        dw = wgrad.deliver(lambda out: (dy.t() @ hp(x)).to(out), self.dtype) if x is not None else None
         return dx, dw
 
 
@@ -218,7 +221,8 @@ class _NoTokensFn(torch.autograd.Function):
     def backward(ctx, dy):
         need_wgrad, need_db = ctx.need
         dx = dy.new_empty((0, ctx.shape[1]))
-        dw = ctx.wgrad.deliver(lambda: dy.new_zeros(ctx.shape, dtype=ctx.dtype)) if need_wgrad else None
+        dw = (ctx.wgrad.deliver(lambda out: dy.new_zeros(ctx.shape, dtype=out), ctx.dtype)
+              if need_wgrad else None)
         db = dy.new_zeros((ctx.shape[0],), dtype=ctx.bias_dtype) if need_db else None
         return dx, dw, db, None, None, None
 
