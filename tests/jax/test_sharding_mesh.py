@@ -62,7 +62,9 @@ def test_custom_calls_step_aside_under_a_multi_device_mesh(monkeypatch):
     from jax.sharding import Mesh
     from transformer_engine.jax.primitives import registry
     assert tes.mesh_device_count() == 0
-    with Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp")):
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp"))
+    set_mesh = getattr(jax, "set_mesh", None)  # `with mesh:` is deprecated where this exists
+    with (set_mesh(mesh) if set_mesh is not None else mesh):
         assert tes.mesh_device_count() == 1
     monkeypatch.setattr(registry.jax, "default_backend", lambda: "gpu")
 
