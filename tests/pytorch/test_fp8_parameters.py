@@ -80,6 +80,20 @@ def _module(name, dtype, device):
     return te.LayerNormMLP(64, 96, params_dtype=dtype, device=device)
 
 
+def _assert_same_step(pair, x, dy, recipe, who):
+    """One step of each of the two modules (high-precision, FP8-only weights) on the same input
+    and output gradient: output, input gradient and parameter gradients are the same bits."""
+    results = []
+    for m in pair:
+        xi = x.clone().requires_grad_(True)
+        with te.autocast(recipe=recipe):
+            y = m(xi)
+        y.backward(dy)
+        results.append([y, xi.grad] + [p.grad for p in m.parameters()])
+    for i, (r, g) in enumerate(zip(*results)):
+        torch.testing.assert_close(g, r, rtol=0, atol=0, msg=f"{who}: tensor {i}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["Linear", "LayerNormLinear", "LayerNormMLP"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -94,15 +108,7 @@ def test_delayed_scaling_first_step_same_bits(device, name, dtype):
             mods.append(_module(name, dtype, device))
     x = randn((48, 64), dtype, device, seed=stable_seed(name, 1))
     dy = randn((48, 64 if name == "LayerNormMLP" else 96), dtype, device, seed=stable_seed(name, 2))
-    results = []
-    for m in mods:
-        xi = x.clone().requires_grad_(True)
-        with te.autocast(recipe=recipe):
-            y = m(xi)
-        y.backward(dy)
-        results.append([y, xi.grad] + [p.grad for p in m.parameters()])
-    for i, (r, g) in enumerate(zip(*results)):
-        torch.testing.assert_close(g, r, rtol=0, atol=0, msg=f"{name}: tensor {i}")
+    _assert_same_step(mods, x, dy, recipe, name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,12 +146,4 @@ def test_fusible_ops_linear_delayed_scaling_first_step_same_bits(device):
     assert isinstance(ops_list[1].weight, te.Float8Tensor)
     x = randn((32, 64), dtype, device, seed=22)
     dy = randn((32, 48), dtype, device, seed=23)
-    results = []
-    for op in ops_list:
-        xi = x.clone().requires_grad_(True)
-        with te.autocast(recipe=recipe):
-            y = op(xi)
-        y.backward(dy)
-        results.append([y, xi.grad] + [p.grad for p in op.parameters()])
-    for i, (r, g) in enumerate(zip(*results)):
-        torch.testing.assert_close(g, r, rtol=0, atol=0, msg=f"ops.Linear: tensor {i}")
+    _assert_same_step(ops_list, x, dy, recipe, "ops.Linear")
