@@ -68,8 +68,9 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         """NVIDIA TE's view of the module's FP8 metadata, made on each read from the module's
         recipe state: "recipe", "fp8_group" (the current autocast's), "fp8_checkpoint" (whether
         the module has FP8 state to save), "global_fp8_buffer_pos_fwd_recompute" (once a
-        checkpointed forward under delayed scaling stashed its scales for the recompute) and, once FP8 ran, "scaling_fwd" / "scaling_bwd" with
-        `scale`, `scale_inv` and `amax_history` (the module's own tensors, [history, slots])."""
+        checkpointed forward under delayed scaling stashed its scales for the recompute) and,
+        once FP8 ran, "scaling_fwd" / "scaling_bwd" with `scale`, `scale_inv` and
+        `amax_history` (the module's own tensors, [history, slots])."""
         rs = self._fp8_state
         meta = {"recipe": rs.recipe if rs is not None else FP8GlobalState.recipe,
                 "fp8_group": FP8GlobalState.group, "fp8_checkpoint": rs is not None,
@@ -242,10 +243,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
             return Float8BlockwiseQTensor.quantize_tiles(
                 w, q.recipe_fp8_dtypes(recipe, w.device)[0], w.dtype,
                 recipe.fp8_quant_fwd_weight.power_2_scale)
-        rs = q.RecipeState(recipe, w.device, 1, 0)
-        if rs.delayed:
-            return delayed_weight.new_weight_quantizer(rs).quantize(w, dtype=w.dtype)
-        return Float8Tensor.quantize(w, rs.fwd_dtype, w.dtype)
+        return delayed_weight.quantize_new_weight(w, q.RecipeState(recipe, w.device, 1, 0))
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)

@@ -21,6 +21,14 @@ def new_weight_quantizer(rs) -> Float8Quantizer:
     return qz
 
 
+def quantize_new_weight(w: torch.Tensor, rs) -> Float8Tensor:
+    """A new FP8-only weight of a per-tensor recipe state `rs` (quantized_model_init): under
+    delayed scaling with new_weight_quantizer's scale, else with its own amax."""
+    if rs.delayed:
+        return new_weight_quantizer(rs).quantize(w, dtype=w.dtype)
+    return Float8Tensor.quantize(w, rs.fwd_dtype, w.dtype)
+
+
 def follow_module_state(weight: Float8Tensor, rs, slot: int) -> None:
     """Points the quantizer of an FP8-only weight made by new_weight_quantizer at the scale and
     amax-history row of forward slot `slot` of the module's delayed-scaling state `rs`, first

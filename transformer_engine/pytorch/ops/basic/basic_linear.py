@@ -145,12 +145,7 @@ class BasicLinear(BasicOperation):
 
     def _to_fp8_weight(self, w: torch.Tensor) -> Float8Tensor:
         recipe = self._weight_recipe or q.get_default_recipe()
-        if recipe.delayed():  # see tensor/delayed_weight.py
-            wq = delayed_weight.new_weight_quantizer(q.RecipeState(recipe, w.device, 1, 0)).quantize(
-                w, dtype=w.dtype)
-        else:
-            fp8_dtype = q.RecipeState(recipe, w.device, 1, 0, allocate=False).fwd_dtype
-            wq = Float8Tensor.quantize(w, fp8_dtype, w.dtype)
+        wq = delayed_weight.quantize_new_weight(w, q.RecipeState(recipe, w.device, 1, 0))
         if self._keep_hp_init_val:
             wq._high_precision_init_val = w.detach().to("cpu", copy=True)
         return wq
