@@ -387,7 +387,8 @@ class GroupedLinear(TransformerEngineBaseModule):
             out = out.view(*inp.shape[:-1], self.out_features)
         else:
             fi = self.fp8_call_info(inp.device)
-            _original_input.check_recipe(_NAME, self, fi, self._weights())
+            if self.save_original_input:
+                _original_input.check_recipe(_NAME, self, fi, self._weights())
             out = _GroupedLinearFn.apply(inp, splits, self, fi, dtype, is_first_microbatch,
                                          *self._weights(), *gemm_biases)
         if self.return_bias:

@@ -602,7 +602,8 @@ class Linear(TransformerEngineBaseModule):
             if self.return_bias:
                 return out, (bias.to(out.dtype) if bias is not None else None)
             return out
-        _original_input.check_recipe("Linear", self, fi, (weight,))
+        if self.save_original_input:
+            _original_input.check_recipe("Linear", self, fi, (weight,))
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
             self.parallel_mode == "row" and self.tp_size > 1)
         # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM;
