@@ -33,9 +33,14 @@ BATCH, HIDDEN, FFN = 32, 64, 96
 # weights differ in rounding (each shard is requantised on its own scale after an optimizer step)
 LOSS_TOL = {"fp32": dict(rtol=1e-5, atol=1e-7), "fp8": tols("float8_e4m3")}
 
-# largest norm-relative error of this rank's outputs against the unsharded model's (FP8: equal
-# scales on both sides, so only rare roundings across an FP8 step differ)
+# largest norm-relative error of this rank's outputs against the unsharded model's. FP8: each
+# shard is requantised on its own scale after an optimizer step, so the two trajectories part by
+# FP8 rounding noise, which grows over the steps. The bound is the larger of a floor and a quarter
+# of the unsharded FP8 model's own distance from its FP32 twin at that step: the sharded model must
+# track the unsharded FP8 one four times closer than FP8 tracks FP32 (that distance starts near
+# 0.15, the first step running at scale 1, and grows to about 0.5 over 20 steps)
 OUT_BOUND = {"fp32": 1e-5, "fp8": 0.05}
+FP8_NOISE_FACTOR = 0.25
 # on a GPU the sharded half batch and the whole batch may take GEMM algorithms that sum in
 # another order: FP32 results then differ in the last bits, which 20 AdamW steps carry on
 GPU_FP32_SLACK = 10.0
@@ -132,6 +137,8 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
             "fully_shard left a quantized_model_init weight shard in high precision"
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2, foreach=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
+    twin = build_model("fp32", device) if precision == "fp8" else None
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, foreach=True) if twin else None
     per = BATCH // world
     slack = GPU_FP32_SLACK if precision == "fp32" and torch.device(device).type == "cuda" else 1.0
     loss_tol = {k: v * slack for k, v in LOSS_TOL[precision].items()}
@@ -163,9 +170,17 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
         ref_opt.zero_grad()
         # the outputs themselves, not only the loss (which the target's variance dominates)
         err = (out.detach() - ref_out.detach()[mine]).norm() / ref_out.detach()[mine].norm()
-        agree(bool(err <= OUT_BOUND[precision] * slack),
+        bound = OUT_BOUND[precision] * slack
+        if twin is not None:
+            twin_out = twin(x)
+            (twin_out - target).square().mean().backward()
+            twin_opt.step()
+            twin_opt.zero_grad()
+            noise = (ref_out.detach() - twin_out.detach()).norm() / twin_out.detach().norm()
+            bound = max(bound, FP8_NOISE_FACTOR * float(noise))
+        agree(bool(err <= bound),
               f"{precision} step {step}: output norm-relative error {float(err):.4g} > "
-              f"{OUT_BOUND[precision] * slack}", group, device)
+              f"{bound:.4g}", group, device)
         total = loss.detach().clone()
         dist.all_reduce(total, group=group)
         torch.testing.assert_close(total, ref_loss.detach(), **loss_tol,

@@ -144,7 +144,8 @@ def _reductions(hlo: str):
         elif name is not None:
             comps[name].append(line)
     for line in hlo.splitlines():
-        if "all-reduce(" in line and "to_apply=" in line:
+        # the GPU backend makes its all-reduces async: all-reduce-start / all-reduce-done
+        if ("all-reduce(" in line or "all-reduce-start(" in line) and "to_apply=" in line:
             target = line.split("to_apply=")[1].split(",")[0].split()[0].rstrip("}")
             body = " ".join(comps.get(target, []) + comps.get("%" + target, []))
             out.append(line + " " + body)
