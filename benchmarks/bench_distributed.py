@@ -153,13 +153,17 @@ def _profile_summary(step) -> dict:
         kinds[kind] += us / 1000.0
         top.append((us / 1000.0, ev.key[:90]))
     top.sort(reverse=True)
+    # where the host's time goes: operators by their own host time (children excluded)
+    host = sorted(((ev.self_cpu_time_total / 1000.0, ev.count, ev.key[:90])
+                   for ev in prof.key_averages()), reverse=True)
     # kernels' total against the step's wall time (measured apart): a step much longer than its
     # kernels waits on the host, either issuing work (host_issue_ms) or synchronising (syncs)
     return {"by_kind_ms": {k: round(v, 3) for k, v in kinds.items()},
             "kernels_total_ms": round(sum(kinds.values()), 3),
             "host_issue_ms": round(host_ms, 3),
             "syncs": syncs,
-            "top_kernels_ms": [[round(t, 3), n] for t, n in top[:12]]}
+            "top_kernels_ms": [[round(t, 3), n] for t, n in top[:12]],
+            "top_host_self_ms": [[round(t, 3), c, n] for t, c, n in host[:15]]}
 
 
 CP_SEQ, CP_HEADS, CP_DIM = 32768, 32, 128
@@ -183,7 +187,7 @@ def _attention_step(cp_group=None, rank=0, world=1):
     return step
 
 
-def _rank(rank, port, out_path, rounds, profile):
+def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -195,6 +199,17 @@ def _rank(rank, port, out_path, rounds, profile):
     x = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     dy = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
     res = {}
+    if profile_only:
+        # warm each step up, then one profiled step each, printed at once (no timings)
+        for name in ("bf16", "fp8"):
+            step = _step(layer, x, dy, _recipe(name), group)
+            for _ in range(3):
+                step()
+            summary = _profile_summary(step)
+            if rank == 0:
+                print(f"profile_tp_sp_{name}", json.dumps(summary, indent=1), file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return
     for name in ("bf16", "fp8", "fp8_cs"):
         step = _step(layer, x, dy, _recipe(name), group)
         res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
@@ -232,12 +247,21 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-only", action="store_true",
+                    help="only one profiled TP=2+SP step each of BF16 and FP8, printed; no timings")
     args = ap.parse_args()
     if torch.cuda.device_count() < WORLD:
         sys.exit(f"needs {WORLD} GPUs, {torch.cuda.device_count()} visible")
     rounds = 5 if args.quick else 15
     record = common.device_record()
     record["gpus"] = torch.cuda.device_count()
+    if args.profile_only:
+        import torch.multiprocessing as mp
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.start_processes(_rank, args=(port, "", rounds, True, True), nprocs=WORLD, start_method="spawn")
+        return
 
     torch.manual_seed(0)
     layer = _layer()
