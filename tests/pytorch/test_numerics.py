@@ -135,7 +135,10 @@ KINKED = ("relu", "reglu", "srelu", "sreglu", "clamped_swiglu")
 
 def assert_close_hp_kinked(got, want, dtype, what):
     """For gradients through a kinked activation in 16 bits: elementwise as assert_close_hp except
-    for at most 0.1% of the elements, and the whole within the dtype's rtol by norm."""
+    for at most 0.1% of the elements, and the whole within twice the dtype's rtol by norm. One
+    flipped element changes a whole row of FC1's input gradient by O(1), and the reductions over
+    the tokens (the norm's weight and bias) carry that into every one of their elements: on the
+    odd shape (few tokens) one flip alone moved the RMSNorm weight's gradient by 1.7% (H100)."""
     t = tols(dtype)
     want = want.to(torch.float64).cpu()
     got = got.detach().to(torch.float64).cpu()
@@ -145,7 +148,7 @@ def assert_close_hp_kinked(got, want, dtype, what):
     assert off.sum().item() <= max(1, want.numel() // 1000), (
         f"{what} ({dtype}): {off.sum().item()} of {want.numel()} elements outside the tolerance")
     rel = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-    assert rel <= t["rtol"], f"{what} ({dtype}): norm-relative error {rel:.4f} > {t['rtol']}"
+    assert rel <= 2 * t["rtol"], f"{what} ({dtype}): norm-relative error {rel:.4f} > {2 * t['rtol']}"
 
 
 def assert_close_fp8(got, want, fmt, what):
