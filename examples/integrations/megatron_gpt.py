@@ -80,26 +80,43 @@ def main():
             yield _batch(vocab, args.seq, args.micro_batch, gen)
 
     data = batches()
+    # parameters every tensor-parallel rank holds whole (the norms, the row-parallel biases) get a
+    # gradient from that rank's sequence shard only under sequence parallelism; Megatron's own
+    # loop sums them over the group (finalize_model_grads), and so does this one
+    replicated = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+    tp_group = parallel_state.get_tensor_model_parallel_group()
     losses = []
     for step in range(args.steps):
         optimizer.zero_grad()
         out = forward_backward_no_pipelining(
             forward_step_func=forward_step, data_iterator=data, model=model, num_microbatches=1,
             seq_length=args.seq, micro_batch_size=args.micro_batch, forward_only=False)
+        if world > 1:
+            for p in replicated:
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad, group=tp_group)
         optimizer.step()
         loss = out[0]["lm loss"].item()
         losses.append(round(loss, 4))
         if rank == 0:
             print(f"step {step:2d}  loss {loss:.4f}")
     ran_fp8 = fp8_ran(model)
-    ok = falling(losses) and (ran_fp8 if fp8 else True)
+    # the replicated parameters must still be equal on every rank after the steps
+    agree = True
+    if world > 1 and replicated:
+        sums = torch.stack([p.detach().float().sum() for p in replicated])
+        lo, hi = sums.clone(), sums.clone()
+        torch.distributed.all_reduce(lo, op=torch.distributed.ReduceOp.MIN, group=tp_group)
+        torch.distributed.all_reduce(hi, op=torch.distributed.ReduceOp.MAX, group=tp_group)
+        agree = bool(torch.equal(lo, hi))
+    ok = falling(losses) and (ran_fp8 if fp8 else True) and agree
     if rank == 0:
         import megatron.core
         write_result(args.out, {"client": "megatron-core", "client_version": megatron.core.__version__,
                                 "precision": "fp8-" + fp8 if fp8 else "bf16", "tp": world,
                                 "losses": losses, "loss_falls": falling(losses), "fp8_ran": ran_fp8,
                                 "te_layers": sorted({c for _, c in layers}), "n_te_layers": len(layers),
-                                "ok": ok})
+                                "replicas_agree": agree, "ok": ok})
     torch.distributed.destroy_process_group()
     raise SystemExit(0 if ok else 1)
 
