@@ -8,6 +8,8 @@
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
 #   SKIP_BUILD=1 ... use the package an earlier run installed on this machine
 #   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below)
+#   XDIST=N ...      N pytest-xdist workers spread over the visible GPUs (tests/gpu_spread.py),
+#                    each result named as it lands (-v); needs pytest-xdist; not for tests/distributed
 #   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
 #                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
 #                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
@@ -61,7 +63,12 @@ fi
 
 TE_LIB_DIR=$($PY -c "import os, transformer_engine as t; print(os.path.dirname(t.__file__))")
 pytest_target=${PYTEST_ARGS:-tests}
-step pytest $PY -m pytest -q -rs -p no:cacheprovider $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
+spread=()
+if [ "${XDIST:-0}" -gt 0 ]; then
+  export TE_TEST_SPREAD_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l) PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+  spread=(-n "$XDIST" -p gpu_spread -v)
+fi
+step pytest $PY -m pytest -q -rs -p no:cacheprovider "${spread[@]}" $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
 
 if [ "${SKIP_CPP:-0}" != 1 ]; then
   step cpp-build bash -c "cmake -S tests/cpp -B build/cpp -GNinja -DTE_LIB_DIR=$TE_LIB_DIR -DCMAKE_CUDA_ARCHITECTURES=${NVTE_CUDA_ARCHS} > $OUT/cpp.log 2>&1 && cmake --build build/cpp >> $OUT/cpp.log 2>&1" || tail -30 "$OUT/cpp.log"
