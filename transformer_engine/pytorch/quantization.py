@@ -176,7 +176,7 @@ def _check_recipe(recipe, who):
     if hasattr(recipe, "unsupported_reason"):
         raise NotImplementedError(f"{who}: {recipe.unsupported_reason()}")
     if recipe.float8_block_scaling():
-        # Linear, LayerNormLinear and LayerNormMLP run it (module/_blockwise.py)
+        # Linear, LayerNormLinear and LayerNormMLP run it (module_parts/blockwise.py)
         recipe.__post_init__()
         return recipe
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
-from .module._input_check import call_checked
+from .module_parts.input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
-from .module._nv_options import check_off
+from .module_parts.nv_options import check_off
 
 _OP = "TransformerLayer"
 

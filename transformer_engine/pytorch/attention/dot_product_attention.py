@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.utils.checkpoint
 
-from ..module._nv_options import check_off
+from ..module_parts.nv_options import check_off
 from ...common import config as env
 from ..kernels import attention as attn_ops
 from ..kernels._checks import check_tensor

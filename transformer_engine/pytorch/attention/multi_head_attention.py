@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..module._nv_options import check_off
+from ..module_parts.nv_options import check_off
 from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
 from .dot_product_attention import DotProductAttention, _tp_world_size, set_context_parallel_group_of

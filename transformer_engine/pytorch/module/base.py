@@ -12,8 +12,8 @@ from .. import quantization as q
 from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
 from ..tensor import Float8BlockwiseQTensor, Float8Tensor, delayed_weight
-from ._input_check import call_checked
-from ._wgrad import DelayedWeightGrad, get_dummy_wgrad  # noqa: F401  (NVIDIA TE's path)
+from ..module_parts.input_check import call_checked
+from ..module_parts.wgrad import DelayedWeightGrad, get_dummy_wgrad  # noqa: F401  (NVIDIA TE's path)
 
 
 def default_init_method(std: float = 0.023) -> Callable:

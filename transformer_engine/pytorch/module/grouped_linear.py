@@ -21,9 +21,10 @@ import torch
 from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
-from . import _blockwise, _original_input, _parallel, _wgrad
-from ._input_check import check_fp8_dims
-from ._nv_options import check_off
+from ..module_parts import (blockwise as _blockwise, original_input as _original_input,
+                           parallel as _parallel, wgrad as _wgrad)
+from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.nv_options import check_off
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 
@@ -76,7 +77,7 @@ class _GroupedLinearFn(torch.autograd.Function):
         need_dgrad = inp.requires_grad
         need_wgrad = [w.requires_grad for w in weights]
         fp8 = fi.fp8 and x2d.shape[0] > 0
-        keep_input = fp8 and getattr(module, "save_original_input", False)  # _original_input.py
+        keep_input = fp8 and getattr(module, "save_original_input", False)  # module_parts/original_input.py
         if fp8:
             check_fp8_dims(_NAME, 16, in_features, out_features)
             bad = [m for m in splits if m % 16]
@@ -378,7 +379,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         biases = self._biases()
         gemm_biases = biases if not self.return_bias else []
         recipe = _blockwise.active()
-        if recipe is not None:  # Float8BlockScaling or a backward_override: see _blockwise.py
+        if recipe is not None:  # Float8BlockScaling or a backward_override: see module_parts/blockwise.py
             parts = inp.reshape(rows, self.in_features).split(list(splits))
             ws = self._weights()
             out = torch.cat([_blockwise.linear(_NAME, self, recipe, x, w,

@@ -13,11 +13,12 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, cast_grad, record_amax
 from ..library.normalization import norm_backward, norm_fp8, norm_hp
-from . import _blockwise, _parallel, _wgrad
-from ._input_check import check_fp8_dims
-from ._norm_args import check_normalization, param_for, reset_norm_params
-from ._nv_options import check_off
-from ._sequence_parallel_fp8 import arrived, fp8_amax_group, fp8_gather_applies, start_fp8_gather
+from ..module_parts import blockwise as _blockwise, parallel as _parallel, wgrad as _wgrad
+from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
+from ..module_parts.nv_options import check_off
+from ..module_parts.sequence_parallel_fp8 import (arrived, fp8_amax_group, fp8_gather_applies,
+                                                 start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .linear import _split_names, split_weight_and_bias
@@ -399,7 +400,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         weight, bias = self._weight_and_bias()
         dtype = self.activation_dtype(inp)
         recipe = _blockwise.active()
-        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see module_parts/blockwise.py)
             y, block_ln_out = _blockwise.layernorm_linear(self, recipe, inp, dtype)
             out = (y, block_ln_out.view(inp.shape)) if self.return_layernorm_output else y
             pass_input = False

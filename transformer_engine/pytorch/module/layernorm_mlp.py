@@ -24,11 +24,11 @@ from ..library.activation import (act_cast_transpose, activation_fp8, bias_grad_
                                   dact_cast_transpose, dbias_dactivation_fp8)
 from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scale, transposed
 from ..library.normalization import norm_backward
-from . import _blockwise, _parallel, _wgrad
-from ._input_check import check_fp8_dims
-from ._norm_args import check_normalization, param_for, reset_norm_params
-from ._nv_options import check_off
-from ._sequence_parallel_fp8 import arrived
+from ..module_parts import blockwise as _blockwise, parallel as _parallel, wgrad as _wgrad
+from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
+from ..module_parts.nv_options import check_off
+from ..module_parts.sequence_parallel_fp8 import arrived
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .layernorm_linear import norm_for_gemm
@@ -485,7 +485,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
     def _fused_call(self, inp, is_first_microbatch, fused):
         recipe = _blockwise.active()
-        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see module_parts/blockwise.py)
             y, ln_out = _blockwise.layernorm_mlp(self, recipe, inp, self.activation_dtype(inp))
             y = inp + y if fused else y
             return (y, ln_out.view(inp.shape)) if self.return_layernorm_output else y

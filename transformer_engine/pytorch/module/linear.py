@@ -17,10 +17,11 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
 from ..tensor import Float8Tensor
-from . import _blockwise, _original_input, _parallel, _wgrad
-from ._input_check import check_fp8_dims
-from ._nv_options import check_off
-from ._sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
+from ..module_parts import (blockwise as _blockwise, original_input as _original_input,
+                           parallel as _parallel, wgrad as _wgrad)
+from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.nv_options import check_off
+from ..module_parts.sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 
@@ -35,7 +36,7 @@ class _LinearFn(torch.autograd.Function):
         # sp: the sequence-parallel group (_parallel.NormTP) when this call gathers its input's
         # rows itself, in FP8 (see _sequence_parallel_fp8), else None
         module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp = call
-        keep_input = getattr(module, "save_original_input", False)  # see _original_input.py
+        keep_input = getattr(module, "save_original_input", False)  # see module_parts/original_input.py
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
         x2d = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
@@ -595,7 +596,7 @@ class Linear(TransformerEngineBaseModule):
                 inp = _parallel.column_input(inp, self.tp_group, self.tp_size,
                                              self.sequence_parallel)
         dtype = self.activation_dtype(inp)
-        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see _blockwise.py)
+        if recipe is not None:  # Float8BlockScaling: its own GEMMs (see module_parts/blockwise.py)
             out = _blockwise.linear("Linear", self, recipe, inp, weight,
                                     None if self.return_bias else bias, dtype)
             out = out if _residual is None else _residual + out

@@ -6,8 +6,8 @@ from typing import Iterable, Optional, Union
 import torch
 
 from .. import kernels
-from ._input_check import call_checked
-from ._norm_args import param_for, reset_norm_params, resolve_norm_args
+from ..module_parts.input_check import call_checked
+from ..module_parts.norm_args import param_for, reset_norm_params, resolve_norm_args
 from .base import default_device
 
 

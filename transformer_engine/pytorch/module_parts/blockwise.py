@@ -31,9 +31,9 @@ from ..kernels.gemm import general_gemm
 from ..quantization import FP8GlobalState, recipe_fp8_dtypes
 from ..tensor import Float8BlockwiseQTensor
 from ..tensor.current_scaling import quantize_current
-from . import _wgrad
-from ._norm_args import param_for
-from .base import hp_weight
+from . import wgrad as _wgrad
+from .norm_args import param_for
+from ..module.base import hp_weight
 
 
 def active():
@@ -69,7 +69,7 @@ class _BlockLinearFn(torch.autograd.Function):
         fwd, bwd = recipe_fp8_dtypes(recipe, x2d.device)
         need_dgrad, need_wgrad = x2d.requires_grad, weight.requires_grad
         override = recipe.backward_override
-        # save_original_input (see _original_input.py): x itself is saved, its transposed
+        # save_original_input (see module_parts/original_input.py): x itself is saved, its transposed
         # copy made in the backward
         keep_input = (getattr(module, "save_original_input", False) and need_wgrad
                       and override is None)
@@ -128,7 +128,7 @@ def _stored_tiles(weight, recipe, fp8_dtype) -> bool:
 class _WgradTarget:
     """Where a weight gradient goes: returned to autograd, accumulated into the weight's
     main_grad (fuse_wgrad_accumulation), or queued for backward_dw() (delay_wgrad_compute); the
-    same rules as the modules' per-tensor FP8 paths (module/_wgrad.py)."""
+    same rules as the modules' per-tensor FP8 paths (module_parts/wgrad.py)."""
 
     def __init__(self, module, weight):
         self.module = module

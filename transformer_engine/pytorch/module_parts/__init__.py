@@ -1,0 +1,4 @@
+"""The parts the modules in ``transformer_engine.pytorch.module`` are built from: constructor
+options (``nv_options``, ``norm_args``), input checks, tensor/sequence-parallel collectives
+(``parallel``, ``sequence_parallel_fp8``), weight-gradient routing (``wgrad``), the block-scaled
+FP8 step (``blockwise``) and ``save_original_input`` (``original_input``). Private to the library."""
