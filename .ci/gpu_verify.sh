@@ -66,7 +66,7 @@ pytest_target=${PYTEST_ARGS:-tests}
 spread=()
 if [ "${XDIST:-0}" -gt 0 ]; then
   export TE_TEST_SPREAD_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l) PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
-  spread=(-n "$XDIST" -p gpu_spread -v)
+  spread=(-n "$XDIST" -p gpu_spread -vv)  # with the -q below: one line per test, named
 fi
 step pytest $PY -m pytest -q -rs -p no:cacheprovider "${spread[@]}" $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
 
