@@ -35,9 +35,15 @@ def test_client_version_gates():
     v = Version(transformer_engine.__version__)
     assert v >= Version("0.11.0")      # Lightning's requirement
     assert v >= Version("2.3.0")       # Megatron-Core: delay_wgrad_compute, rope module path
-    # Megatron-Core gates at 2.6.0.dev0 and 2.7.0.dev (router module):
-    # paths this library does not offer must not be taken
-    assert v < Version("2.6.0.dev0")
+    # Megatron-Core's 2.6.0.dev0 / 2.6.0 gates: save_original_input set on Linear and GroupedLinear
+    # after construction (test_save_original_input.py checks that it takes effect)
+    assert v >= Version("2.6.0.dev0") and v >= Version("2.6.0")
+    te = pytest.importorskip("transformer_engine.pytorch", reason="torch is not installed")
+    assert hasattr(te.Linear(16, 16, device="cpu"), "save_original_input")
+    assert hasattr(te.GroupedLinear(2, 16, 16, device="cpu"), "save_original_input")
+    # Megatron-Core gates at 2.7.0.dev (the router module), which this library does not offer:
+    # that path must not be taken
+    assert v < Version("2.7.0.dev0")
 
 
 def test_installed_distribution_matches(installed_metadata):

@@ -167,3 +167,28 @@ def test_option_is_stored():
     assert te.Linear(16, 16, device="cpu", save_original_input=True).save_original_input is True
     assert te.Linear(16, 16, device="cpu").save_original_input is False
     assert te.GroupedLinear(2, 16, 16, device="cpu", save_original_input=True).save_original_input
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["Linear", "GroupedLinear"])
+def test_option_set_after_construction_takes_effect(device, name):
+    """Clients turn the option on after building the module (Megatron-Core sets the attribute on
+    its TE Linear / GroupedLinear subclasses): the next forward reads it. Linear then saves the
+    caller's input itself; both refuse DelayedScaling as with the constructor argument."""
+    dtype = torch.bfloat16
+    if name == "Linear":
+        mod, args = te.Linear(64, 96, params_dtype=dtype, device=device), ()
+    else:
+        mod, args = te.GroupedLinear(2, 64, 96, params_dtype=dtype, device=device), ([16, 32],)
+    x = randn((48, 64), dtype, device, seed=8).requires_grad_(True)
+    with te.autocast(recipe=te_recipe.DelayedScaling()):
+        mod(x, *args)  # accepted while the option is off
+    mod.save_original_input = True
+    with pytest.raises(ValueError, match=f"{name}: save_original_input=True is not supported"):
+        with te.autocast(recipe=te_recipe.DelayedScaling()):
+            mod(x, *args)
+    if name == "Linear":  # (GroupedLinear keeps its tensors on the context, out of the hooks' view)
+        y, saved = _saved_during_forward(mod, x, "current", *args)
+        assert any(t.data_ptr() == x.data_ptr() for t in saved), "the input itself is not saved"
+        y.sum().backward()
+        assert torch.isfinite(x.grad).all()
