@@ -187,6 +187,12 @@ def _attention_step(cp_group=None, rank=0, world=1):
     return step
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -255,12 +261,10 @@ def main():
     rounds = 5 if args.quick else 15
     record = common.device_record()
     record["gpus"] = torch.cuda.device_count()
+    import torch.multiprocessing as mp
     if args.profile_only:
-        import torch.multiprocessing as mp
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_rank, args=(port, "", rounds, True, True), nprocs=WORLD, start_method="spawn")
+        mp.start_processes(_rank, args=(_free_port(), "", rounds, True, True), nprocs=WORLD,
+                           start_method="spawn")
         return
 
     torch.manual_seed(0)
@@ -284,10 +288,7 @@ def main():
     torch.cuda.empty_cache()
     print("one GPU:", {k: round(v, 3) for k, v in single.items()}, file=sys.stderr, flush=True)
 
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
         mp.start_processes(_rank, args=(port, out, rounds, args.profile), nprocs=WORLD, start_method="spawn")

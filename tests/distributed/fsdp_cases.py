@@ -139,7 +139,8 @@ def run_fsdp_case(rank: int, world: int, group, device: str, precision: str, ste
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2, foreach=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
     twin = build_model("fp32", device) if precision == "fp8" else None
-    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, foreach=True) if twin else None
+    twin_opt = (torch.optim.AdamW(twin.parameters(), lr=1e-2, foreach=True)
+                if twin is not None else None)
     per = BATCH // world
     slack = GPU_FP32_SLACK if precision == "fp32" and torch.device(device).type == "cuda" else 1.0
     loss_tol = {k: v * slack for k, v in LOSS_TOL[precision].items()}

@@ -28,12 +28,12 @@ from ..kernels.activation import CLAMPED_SWIGLU, apply_activation, apply_clamped
 from ..kernels.normalization import layernorm, rmsnorm
 from ..kernels.cast import dequantize_reference
 from ..kernels.gemm import general_gemm
+from ..module.base import hp_weight
 from ..quantization import FP8GlobalState, recipe_fp8_dtypes
 from ..tensor import Float8BlockwiseQTensor
 from ..tensor.current_scaling import quantize_current
 from . import wgrad as _wgrad
 from .norm_args import param_for
-from ..module.base import hp_weight
 
 
 def active():
