@@ -94,3 +94,53 @@ def test_fp8_meta_marks_only_stashed_delayed_forwards(device, use_reentrant):
     assert key in fp8.fp8_meta and fp8.fp8_meta[key] == 0
     assert key not in plain.fp8_meta and key not in current.fp8_meta
     assert all(torch.isfinite(m.weight.grad).all() for m in (plain, fp8, current))
+
+
+def _tracker(device):
+    tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
+    tracker.add("model-parallel-rng", 1234)
+    return tracker
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_recompute_goes_through_the_state_manager(device, monkeypatch):
+    """Each checkpointed delayed-scaling forward stashes its scales through
+    FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute and each recompute takes
+    them back through get_old_fp8_meta_tensors_for_recompute, on the module's own fp8_meta
+    (the same dict object both times), one restore per stash; wrapping them changes no bit."""
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager as M
+    r = recipe.DelayedScaling(amax_history_len=3)
+    ref = _run(device, MODULES["LayerNormMLP"], r, False, _tracker(device))
+    again = _run(device, MODULES["LayerNormMLP"], r, False, _tracker(device))
+    reproducible = all(torch.equal(a, b) for sa, sb in zip(ref, again) for a, b in zip(sa, sb))
+    stashes, restores = {}, {}
+    stash, restore = M.copy_forward_fp8_meta_tensors_for_recompute, M.get_old_fp8_meta_tensors_for_recompute
+
+    def counted_stash(meta):
+        stash(meta)
+        assert "global_fp8_buffer_pos_fwd_recompute" in meta
+        stashes[id(meta)] = stashes.get(id(meta), 0) + 1
+
+    def counted_restore(meta):
+        assert id(meta) in stashes, "a restore without a stash"
+        restores[id(meta)] = restores.get(id(meta), 0) + 1
+        restore(meta)
+
+    monkeypatch.setattr(M, "copy_forward_fp8_meta_tensors_for_recompute", staticmethod(counted_stash))
+    monkeypatch.setattr(M, "get_old_fp8_meta_tensors_for_recompute", staticmethod(counted_restore))
+    got = _run(device, MODULES["LayerNormMLP"], r, True, _tracker(device))
+    assert stashes and restores == stashes and sum(stashes.values()) == 3  # one per step
+    for a, b in zip(ref, got):
+        for x, y in zip(a, b):  # bit for bit where the plain run reproduces itself (see above)
+            if reproducible:
+                assert torch.equal(x, y)
+            else:
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_state_manager_recompute_methods_refuse_other_dicts():
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager as M
+    for fn in (M.copy_forward_fp8_meta_tensors_for_recompute,
+               M.get_old_fp8_meta_tensors_for_recompute, M.restore_fp8_meta_tensors):
+        with pytest.raises(TypeError, match="fp8_meta of a transformer_engine.pytorch module"):
+            fn({"recipe": recipe.DelayedScaling()})

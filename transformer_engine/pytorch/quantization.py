@@ -37,7 +37,7 @@ import torch
 
 from ..common import fp8_formats
 from ..common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
-from . import native
+from . import fp8_recompute, native
 from .fp8_support import (  # noqa: F401  (re-exported: NV TE's names live here)
     check_fp8_block_scaling_support, check_fp8_support, check_mxfp8_support,
     check_nvfp4_support, is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available,
@@ -891,6 +891,47 @@ class FP8GlobalStateManager:
         s.depth = 0
         s.recompute_phase = 0
         s.model_init, s.model_init_recipe, s.model_init_keep_hp = False, None, False
+
+    @staticmethod
+    def copy_forward_fp8_meta_tensors_for_recompute(fp8_meta: dict) -> None:
+        """Opens the record of a checkpointed forward's FP8 scales, which its recompute will
+        replay (see ``fp8_recompute``); sets ``fp8_meta["global_fp8_buffer_pos_fwd_recompute"]``.
+        A module calls it itself for each checkpointed forward under delayed scaling.
+
+        Parameters
+        ----------
+        fp8_meta : dict
+            A module's ``fp8_meta`` (TypeError for any other dict).
+        """
+        module = fp8_recompute.owner_of(
+            fp8_meta, "FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute")
+        fp8_meta[fp8_recompute.RECOMPUTE_POS_KEY] = fp8_recompute.open_record(module)
+
+    @staticmethod
+    def get_old_fp8_meta_tensors_for_recompute(fp8_meta: dict) -> None:
+        """Makes the oldest stashed record of the module's forward scales the one its next
+        (recomputing) call replays. A module calls it itself at the start of each recompute.
+
+        Parameters
+        ----------
+        fp8_meta : dict
+            A module's ``fp8_meta`` (TypeError for any other dict).
+        """
+        fp8_recompute.start_replay(fp8_recompute.owner_of(
+            fp8_meta, "FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute"))
+
+    @staticmethod
+    def restore_fp8_meta_tensors(fp8_meta: dict) -> None:
+        """Ends a recompute's replay: the module's next call uses its current scales. (The
+        replay never overwrites the module's scale tensors, so there is nothing to copy back.)
+
+        Parameters
+        ----------
+        fp8_meta : dict
+            A module's ``fp8_meta`` (TypeError for any other dict).
+        """
+        fp8_recompute.take_replay(fp8_recompute.owner_of(
+            fp8_meta, "FP8GlobalStateManager.restore_fp8_meta_tensors"))
 
     @classmethod
     def is_fp8_available(cls) -> Tuple[bool, str]:

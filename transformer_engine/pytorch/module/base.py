@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import quantization as q
+from .. import fp8_recompute, quantization as q
 from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
 from ..tensor import Float8BlockwiseQTensor, Float8Tensor, delayed_weight
@@ -57,7 +57,8 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         self._fp8_state: Optional[q.RecipeState] = None
         self._pending_fp8_extra_state = None
         self._fp8_weight_cache = None
-        self._fp8_checkpoint_stash = None
+        self._fp8_checkpoint_stash = None  # see fp8_recompute.py
+        self._fp8_replay = None
         self._fp8_recompute_steps = []
         self.primary_weights_in_fp8 = FP8GlobalState.model_init
         self._model_init_recipe = FP8GlobalState.model_init_recipe
@@ -68,16 +69,17 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         """NVIDIA TE's view of the module's FP8 metadata, made on each read from the module's
         recipe state: "recipe", "fp8_group" (the current autocast's), "fp8_checkpoint" (whether
         the module has FP8 state to save), "global_fp8_buffer_pos_fwd_recompute" (once a
-        checkpointed forward under delayed scaling stashed its scales for the recompute) and,
+        checkpointed forward under delayed scaling stashed its scales for the recompute; see
+        fp8_recompute.py) and,
         once FP8 ran, "scaling_fwd" / "scaling_bwd" with `scale`, `scale_inv` and
         `amax_history` (the module's own tensors, [history, slots])."""
         rs = self._fp8_state
-        meta = {"recipe": rs.recipe if rs is not None else FP8GlobalState.recipe,
-                "fp8_group": FP8GlobalState.group, "fp8_checkpoint": rs is not None,
-                "num_gemms": max(1, self.fp8_slots[0] // 2)}
-        pos = getattr(self, "_fp8_recompute_pos", None)
-        if pos is not None:  # a checkpointed delayed-scaling forward stashed its scales
-            meta["global_fp8_buffer_pos_fwd_recompute"] = pos
+        # the same dict on every read (FP8GlobalStateManager's recompute methods take it and
+        # write into it), its entries refreshed here
+        meta = fp8_recompute.meta_of(self)
+        meta.update(recipe=rs.recipe if rs is not None else FP8GlobalState.recipe,
+                    fp8_group=FP8GlobalState.group, fp8_checkpoint=rs is not None,
+                    num_gemms=max(1, self.fp8_slots[0] // 2))
         if rs is not None:
             from types import SimpleNamespace
             meta["scaling_fwd"] = SimpleNamespace(scale=rs.scale_fwd, scale_inv=rs.scale_inv_fwd,
@@ -164,10 +166,19 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         phase = s.recompute_phase
         replay = record = None
         if phase and s.enabled:  # checkpointing: record (1) or replay (2) this call's scales
-            replay, record = replay_list(self, phase), record_list(self, phase)
-            if phase == 1 and s.recipe.delayed():
-                # where this forward's scales sit in the stash (fp8_meta's recompute position)
-                self._fp8_recompute_pos = len(self._fp8_checkpoint_stash) - 1
+            # through NVIDIA TE's FP8GlobalStateManager methods (looked up on each call), so
+            # that code wrapping them sees each stash and restore; delayed scaling stashes
+            # through it (fp8_meta then holds the position), the other recipes directly
+            if phase == 1:
+                if s.recipe.delayed():
+                    q.FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute(
+                        self.fp8_meta)
+                else:
+                    fp8_recompute.open_record(self)
+                record = fp8_recompute.last_record(self)
+            else:
+                q.FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute(self.fp8_meta)
+                replay = fp8_recompute.take_replay(self)
         # a checkpointed forward (phase 1) counts the backward that its recompute (phase 2)
         # will deliver, to the forward's step: recorded here, as a recompute may run under an
         # autocast of its own (activation_recompute_forward), which opens no step
@@ -334,26 +345,6 @@ def get_workspace() -> torch.Tensor:
         from ..kernels.gemm import gemm_workspace
         return gemm_workspace(torch.device("cuda", torch.cuda.current_device()))
     return torch.empty(0, dtype=torch.uint8)
-
-
-def replay_list(module, phase: int):
-    """During a checkpoint recompute (phase 2) the scales recorded in the forward, else None."""
-    if phase == 2:
-        stash = getattr(module, "_fp8_checkpoint_stash", None)
-        if stash:
-            return stash.pop(0)
-    return None
-
-
-def record_list(module, phase: int):
-    """During a checkpointed forward (phase 1) a fresh list to record this call's scales in."""
-    if phase == 1:
-        lst = []
-        if not hasattr(module, "_fp8_checkpoint_stash") or module._fp8_checkpoint_stash is None:
-            module._fp8_checkpoint_stash = []
-        module._fp8_checkpoint_stash.append(lst)
-        return lst
-    return None
 
 
 def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
