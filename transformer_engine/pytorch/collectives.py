@@ -60,9 +60,18 @@ def all_gather_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum over the group, then keep this rank's 1/world slice of dim 0."""
+    out, _ = start_reduce_scatter_first_dim(tensor, group, async_op=False)
+    return out
+
+
+def start_reduce_scatter_first_dim(tensor: torch.Tensor, group=None, async_op: bool = True):
+    """reduce_scatter_first_dim, started: (out, handle or None). With async_op on NCCL the
+    collective runs on its own stream while the caller issues more work, and `out` holds the
+    sums once the handle is waited on (the compute stream then waits for the collective, with
+    no host synchronisation); other backends finish before returning (handle None)."""
     world = _tp_size(group)
     if world == 1:
-        return tensor
+        return tensor, None
     if tensor.shape[0] % world != 0:
         raise ValueError(f"reduce_scatter_along_first_dim: dim 0 of shape {tuple(tensor.shape)} is not "
                          f"divisible by the group size {world}")
@@ -70,12 +79,21 @@ def reduce_scatter_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     if _uses_nccl(group):
         out = torch.empty((tensor.shape[0] // world,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
-        dist.reduce_scatter_tensor(out, tensor, group=group)
-        return out
+        handle = dist.reduce_scatter_tensor(out, tensor, group=group, async_op=async_op)
+        return out, handle
     # gloo has no reduce-scatter: all-reduce a copy and keep our slice (twice the traffic, same sums)
     summed = tensor.clone()
     dist.all_reduce(summed, group=group)
-    return summed.chunk(world, dim=0)[get_distributed_rank(group)].contiguous()
+    return summed.chunk(world, dim=0)[get_distributed_rank(group)].contiguous(), None
+
+
+def start_all_reduce(tensor: torch.Tensor, group=None, async_op: bool = True):
+    """all_reduce, started: (tensor, handle or None), summed in place once the handle is waited
+    on (see start_reduce_scatter_first_dim)."""
+    if _tp_size(group) == 1:
+        return tensor, None
+    handle = dist.all_reduce(tensor, group=group, async_op=async_op and _uses_nccl(group))
+    return tensor, handle
 
 
 # ---------------------------------------------------------------------------------------------

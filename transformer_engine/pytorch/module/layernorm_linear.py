@@ -117,10 +117,13 @@ class _LayerNormLinearFn(torch.autograd.Function):
         db = None
         dln = dw = None
         fuse = module.fuse_wgrad_accumulation
+        # dgrad first: its tensor-parallel reduction (pending) then runs under the wgrad GEMM
+        pending = None
         if ctx.fp8:
             dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)
+                pending = ctx.tp.start_reduce_grad(dln)
             if ctx.need_wgrad:
                 dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
                     ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
@@ -129,6 +132,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
                 record_amax(fi.rs, dy, False, 0)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_hp(w_saved, dy)
+                pending = ctx.tp.start_reduce_grad(dln)
             delay = module.delay_wgrad_compute
             if ctx.need_wgrad and db_dtype is not None and not delay:
                 dw, db = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,
@@ -143,7 +147,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             fi.step.backward_finished()
         dx = dgamma = dbeta = None
         if ctx.need_dgrad:
-            dln = ctx.tp.reduce_grad(dln)
+            dln = pending.wait()
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dres = None

@@ -206,15 +206,19 @@ class _LayerNormMLPFn(torch.autograd.Function):
         db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
         db2 = None
         dw1 = dw2 = dln = None
+        # the dgrad chain first (FC2 dgrad, activation, FC1 dgrad): FC1's input gradient then
+        # travels over the tensor-parallel group (pending) while both wgrad GEMMs run
+        pending = None
         if ctx.fp8:
             dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
             da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
-            if need["w2"]:
-                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
-                    a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
             dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
+                pending = ctx.tp.start_reduce_grad(dln)
+            if need["w2"]:
+                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
+                    a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
             if need["w1"]:
                 dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_fp8(
                     ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse))
@@ -224,6 +228,9 @@ class _LayerNormMLPFn(torch.autograd.Function):
             dh, db1 = _dact(module, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
             if fi.calibrating:
                 record_amax(fi.rs, dh, False, 1)
+            if need["dgrad"]:
+                dln = _gemms.dgrad_hp(w1_t, dh)
+                pending = ctx.tp.start_reduce_grad(dln)
             if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
                 dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
                 dw2 = _wgrad.autograd_weight_grad(ctx.weights[1], dw2, fuse)
@@ -232,8 +239,6 @@ class _LayerNormMLPFn(torch.autograd.Function):
                     a_t, dy, ctx.weights[1], fuse, *w2_shape))
             if db2_dtype is not None and db2 is None:
                 db2 = bias_grad_of(dy, db2_dtype)
-            if need["dgrad"]:
-                dln = _gemms.dgrad_hp(w1_t, dh)
             if need["w1"]:
                 dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_hp(
                     ln_t, dh, ctx.weights[0], fuse, *w1_shape))
@@ -243,7 +248,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
             db1 = db1.to(ctx.param_dtypes[2])
         dx = dgamma = dbeta = None
         if need["dgrad"]:
-            dln = ctx.tp.reduce_grad(dln)
+            dln = pending.wait()
             if grad_ln_out and grad_ln_out[0] is not None:
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,

@@ -5,6 +5,7 @@ reduce-scattered with sequence parallelism)."""
 from __future__ import annotations
 
 from .. import distributed as dist_te
+from ..collectives import start_all_reduce, start_reduce_scatter_first_dim
 
 
 def resolve_tp(tp_group, tp_size):
@@ -98,11 +99,31 @@ class NormTP:
         return dist_te.all_gather_first_dim(t, self.group) if self.gather else t
 
     def reduce_grad(self, dln):
+        return self.start_reduce_grad(dln).wait()
+
+    def start_reduce_grad(self, dln):
+        """The reduction of the norm output's gradient, started: a PendingGrad whose wait()
+        returns it. On NCCL it runs while the caller issues its weight-gradient GEMMs (the
+        backward overlaps the collective with them); elsewhere it is done on return."""
         if not self.active:
-            return dln
+            return PendingGrad(dln, None)
         if self.gather:
-            return dist_te.reduce_scatter_first_dim(dln, self.group)
-        return dist_te.all_reduce(dln.contiguous(), self.group)
+            return PendingGrad(*start_reduce_scatter_first_dim(dln, self.group))
+        return PendingGrad(*start_all_reduce(dln.contiguous(), self.group))
+
+
+class PendingGrad:
+    """A gradient whose reduction over the tensor-parallel group may still be in flight."""
+    __slots__ = ("value", "handle")
+
+    def __init__(self, value, handle):
+        self.value, self.handle = value, handle
+
+    def wait(self):
+        if self.handle is not None:
+            self.handle.wait()
+            self.handle = None
+        return self.value
 
 
 NO_TP = NormTP(None, 1, False, False)
