@@ -11,6 +11,8 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
                 the host's part reduced to two replays, which shows how much of a step is host
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
+  collectives   one all-gather and one reduce-scatter of the split activation alone, and the
+                BF16 split step's four of each added up (its communication if none overlapped)
 A step is forward + backward; STEP_CALLS steps run back to back between two events, the median
 of ROUNDS such windows is kept; the split contenders report the slowest rank. With --profile,
 every rank records one BF16 and one FP8 step with torch.profiler (all ranks, so that their
@@ -193,6 +195,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _collective_ms(group, rounds) -> dict:
+    """The time of one all-gather and one reduce-scatter of the sequence-parallel activation
+    ([SEQ*BATCH/WORLD, HIDDEN] bf16 per rank), alone on the GPUs: the BF16 split step runs four
+    of each (two per direction, attention's and the MLP's), so 4 * (both) is its communication
+    when none of it overlaps compute."""
+    import torch.distributed as dist
+    rows = SEQ * BATCH // WORLD
+    part = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    whole = torch.empty(rows * WORLD, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    ms = {"all_gather_ms": _time_steps(lambda: dist.all_gather_into_tensor(whole, part, group=group),
+                                       rounds, lambda: dist.barrier(group=group)),
+          "reduce_scatter_ms": _time_steps(lambda: dist.reduce_scatter_tensor(part, whole, group=group),
+                                           rounds, lambda: dist.barrier(group=group))}
+    ms["bus_GBps"] = round(part.numel() * part.element_size() * (WORLD - 1) / ms["all_gather_ms"] / 1e6, 1)
+    return ms
+
+
 def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -204,7 +223,9 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     gen = torch.Generator(device="cuda").manual_seed(1 + rank)
     x = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     dy = torch.randn(SEQ // WORLD, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
-    res = {}
+    res = {"collectives": _collective_ms(group, rounds)}
+    if rank == 0:
+        print("collectives:", res["collectives"], file=sys.stderr, flush=True)
     if profile_only:
         # warm each step up, then one profiled step each, printed at once (no timings)
         for name in ("bf16", "fp8"):
@@ -318,11 +339,15 @@ def main():
     print("ms per step:", {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.items()})
     print("ratios:", {k: round(v, 3) if v is not None else None for k, v in ratios.items()},
           "targets:", TARGETS)
+    comm = ranks[0]["collectives"]
+    comm["per_bf16_step_unoverlapped_ms"] = round(4 * (comm["all_gather_ms"] + comm["reduce_scatter_ms"]), 3)
+    print("collectives (rank 0):", comm)
     profiles = {k: v for k, v in ranks[0].items() if k.startswith("profile_")}
     for k, v in profiles.items():
         print(k, json.dumps(v, indent=1))
     common.write_json(args.json, {**record, "shape": dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, seq=SEQ, batch=BATCH),
-                                  "world": WORLD, "ms": rows, "ratios": ratios, "targets": TARGETS,
+                                  "world": WORLD, "ms": rows, "collectives": comm,
+                                  "ratios": ratios, "targets": TARGETS,
                                   "meets_targets": {k: ratios[k] is not None and ratios[k] >= v
                                                     for k, v in TARGETS.items()},
                                   **profiles})
