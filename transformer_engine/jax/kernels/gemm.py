@@ -3,7 +3,10 @@
 
     out = op_b(B) @ op_a(A),   op_a(A) = A.T if layout[0] == "T" else A,  op_b likewise,
 
-FP8 operands dequantised with their scale_inv and multiplied in fp32, then the epilogue
+16-bit operands multiplied in their own dtype and FP8 ones widened (exactly) to bf16, with fp32
+accumulation (the products are exact in fp32, so this equals the fp32 product of the upcast
+operands up to summation order, and XLA runs it on the GPU's tensor cores: a partitioned step
+under a mesh uses this path), FP8 results scaled by both scale_inv after the sum; fp32 operands at full fp32 precision; then the epilogue
 (bias, tanh GELU with its input returned, dGELU with the bias gradient), accumulation into a given
 buffer, and the cast (FP8 out: saturate(result * out_scale), amax of the unscaled result).
 Functional: everything is returned, nothing is updated in place.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 
 from ...common import fp8_formats
@@ -59,12 +63,12 @@ def general_gemm(A, B, out_dtype=None, *, layout: str = "TN", A_scale_inv=None, 
     if out_dtype is None:
         out_dtype = (accumulate_into.dtype if accumulate_into is not None
                      else (jnp.bfloat16 if fp8_in else A.dtype))
-    a = A.astype(jnp.float32)
-    b = B.astype(jnp.float32)
-    if fp8_in:
-        a = a * jnp.asarray(A_scale_inv, jnp.float32).reshape(())
-        b = b * jnp.asarray(B_scale_inv, jnp.float32).reshape(())
-    a2, b2 = _as_2d(a), _as_2d(b)
+    low = fp8_in or jnp.dtype(A.dtype) == jnp.dtype(B.dtype) and jnp.dtype(A.dtype).itemsize == 2
+    # FP8 operands widened to bf16 first: exact (every E4M3/E5M2 value, FNUZ too, is a bf16
+    # value), a pair of FP8 formats XLA may not multiply directly, and no fast FP8 accumulation
+    wide = jnp.bfloat16 if fp8_in else (A.dtype if low else jnp.float32)
+    a2 = _as_2d(A.astype(wide))
+    b2 = _as_2d(B.astype(wide))
     op_a = a2.T if transa else a2
     op_b = b2.T if transb else b2
     if op_b.shape[1] != op_a.shape[0]:
@@ -74,7 +78,17 @@ def general_gemm(A, B, out_dtype=None, *, layout: str = "TN", A_scale_inv=None, 
     m = op_a.shape[1]
     out_shape = (tuple(B.shape[:-1]) + (m,)) if (not transb and B.ndim >= 1) else (op_b.shape[0], m)
 
-    r = alpha * jnp.matmul(op_b, op_a, precision="highest")
+    if low:
+        # 16-bit products are exact in fp32 and the sum is fp32 (preferred_element_type): the
+        # tensor cores' own bf16/fp16 GEMM, as nvte_gemm's
+        r = jax.lax.dot_general(op_b, op_a, (((1,), (0,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    else:
+        r = jnp.matmul(op_b, op_a, precision="highest")
+    if fp8_in:
+        r = r * (jnp.asarray(A_scale_inv, jnp.float32).reshape(())
+                 * jnp.asarray(B_scale_inv, jnp.float32).reshape(()))
+    r = alpha * r
     if accumulate_into is not None:
         r = r + _as_2d(accumulate_into).astype(jnp.float32)
     if bias is not None:
