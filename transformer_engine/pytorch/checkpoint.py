@@ -147,8 +147,13 @@ def checkpoint(function: Callable, *args, distribute_saved_activations: bool = F
     tp_group : torch.distributed.ProcessGroup, optional
         The tensor-parallel group (for ``distribute_saved_activations``).
     use_reentrant : bool, default True
-        Accepted for compatibility with ``torch.utils.checkpoint``; the recompute always runs in
-        this function's own backward.
+        True: the forward runs without building a graph and the recompute runs in this
+        function's own backward (the inputs, or the parameters of the module ``function`` is,
+        carry the gradient). False: ``torch.utils.checkpoint``'s non-reentrant form, with the
+        same RNG and FP8 handling: the forward builds its graph but drops what it saves, and the
+        first use in the backward recomputes the whole function; needed when ``function`` is a
+        closure over modules and no input requires grad. With
+        ``distribute_saved_activations`` the reentrant form runs either way.
     **kwargs
         Keyword arguments passed on to ``function``.
 
@@ -158,6 +163,8 @@ def checkpoint(function: Callable, *args, distribute_saved_activations: bool = F
     """
     if not callable(function):
         raise TypeError(f"checkpoint: function must be callable, got {type(function).__name__}")
+    if not use_reentrant and not distribute_saved_activations:
+        return _non_reentrant(function, args, kwargs, get_rng_state_tracker)
     params = ()
     if torch.is_grad_enabled() and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         params = tuple(p for p in _owner_parameters(function) if p.requires_grad)
@@ -169,3 +176,31 @@ def _owner_parameters(function):
     """The parameters of the module ``function`` is (or is a bound method of); none otherwise."""
     owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
     return owner.parameters() if isinstance(owner, torch.nn.Module) else ()
+
+
+def _non_reentrant(function, args, kwargs, tracker_fn):
+    """torch.utils.checkpoint's non-reentrant checkpoint, its forward run as FP8 recompute
+    phase 1 and its recompute as phase 2 under the forward's RNG states and FP8 state. Early
+    stopping is off: the recompute runs the whole function, so every module that stashed scales
+    in the forward takes them back."""
+    from torch.utils import checkpoint as torch_checkpoint
+
+    def contexts():
+        s = FP8GlobalState
+        fp8 = (s.enabled, s.calibrating, s.recipe, s.group, s.step)
+        rng = _rng_states(tracker_fn)
+
+        @contextlib.contextmanager
+        def recompute():
+            now = _rng_states(tracker_fn)
+            _set_rng_states(rng, tracker_fn)
+            try:
+                with _fp8_phase(2, fp8):
+                    yield
+            finally:
+                _set_rng_states(now, tracker_fn)
+        return _fp8_phase(1), recompute()
+
+    with torch_checkpoint.set_checkpoint_early_stop(False):
+        return torch_checkpoint.checkpoint(function, *args, use_reentrant=False,
+                                           preserve_rng_state=False, context_fn=contexts, **kwargs)
