@@ -38,7 +38,7 @@ def test_megatron_reads_this_version():
     _import_megatron()
     from megatron.core.utils import get_te_version, is_te_min_version
     assert str(get_te_version()) == transformer_engine.__version__
-    assert is_te_min_version("2.3.0") and not is_te_min_version("2.6.0dev0")
+    assert is_te_min_version("2.6.0") and not is_te_min_version("2.7.0dev0")
 
 
 def test_gpt_layer_spec_uses_te_layers():
