@@ -21,6 +21,9 @@ attention, the rest). NVLink multicast must stay off: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (set here if unset).
 
   python benchmarks/bench_distributed.py [--json out.json] [--quick] [--profile]
+
+The JSON is written as the rows land ("complete": false, the split rows rank 0's) and rewritten
+whole at the end ("complete": true, the split rows the slowest rank's).
 """
 import argparse
 import json
@@ -195,6 +198,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _note(rank, partial, json_path, key, value):
+    """Rank 0 adds its row to the partial JSON as it lands, so that a run stopped before the end
+    (a machine's time limit) still leaves every row it measured on disk."""
+    if rank != 0 or partial is None or not json_path:
+        return
+    partial["ms"][key] = value
+    common.write_json(json_path, partial)
+
+
 def _collective_ms(group, rounds) -> dict:
     """The time of one all-gather and one reduce-scatter of the sequence-parallel activation
     ([SEQ*BATCH/WORLD, HIDDEN] bf16 per rank), alone on the GPUs: the BF16 split step runs four
@@ -212,7 +224,7 @@ def _collective_ms(group, rounds) -> dict:
     return ms
 
 
-def _rank(rank, port, out_path, rounds, profile, profile_only=False):
+def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=None, json_path=None):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -226,6 +238,8 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     res = {"collectives": _collective_ms(group, rounds)}
     if rank == 0:
         print("collectives:", res["collectives"], file=sys.stderr, flush=True)
+        if partial is not None:
+            partial["collectives"] = res["collectives"]
     if profile_only:
         # warm each step up, then one profiled step each, printed at once (no timings)
         for name in ("bf16", "fp8"):
@@ -240,6 +254,7 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False):
     for name in ("bf16", "fp8", "fp8_cs"):
         step = _step(layer, x, dy, _recipe(name), group)
         res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
+        _note(rank, partial, json_path, f"tp_sp_{name}", res[f"tp_sp_{name}"])
         if rank == 0:
             print(f"tp_sp_{name}: {res[f'tp_sp_{name}']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
         if profile and name != "fp8_cs":
@@ -259,11 +274,13 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False):
                                  lambda: dist.barrier(group=group))
         if rank == 0 and isinstance(res[key], float):
             print(f"{key}: {res[key]:.3f} ms (rank 0)", file=sys.stderr, flush=True)
+        _note(rank, partial, json_path, key, res[key])
     del x, dy
     torch.cuda.empty_cache()
     res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds, lambda: dist.barrier(group=group))
     if rank == 0:
         print(f"cp_attention: {res['cp_attention']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
+    _note(rank, partial, json_path, "cp_attention", res["cp_attention"])
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -309,10 +326,17 @@ def main():
     torch.cuda.empty_cache()
     print("one GPU:", {k: round(v, 3) for k, v in single.items()}, file=sys.stderr, flush=True)
 
+    shape = dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, seq=SEQ, batch=BATCH)
+    # written now and after each split row (rank 0's values), rewritten whole at the end
+    partial = {**record, "shape": shape, "world": WORLD, "complete": False,
+               "split_rows": "rank 0's, as measured (the final file keeps the slowest rank's)",
+               "ms": dict(single)}
+    common.write_json(args.json, partial)
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.start_processes(_rank, args=(port, out, rounds, args.profile), nprocs=WORLD, start_method="spawn")
+        mp.start_processes(_rank, args=(port, out, rounds, args.profile, False, partial, args.json),
+                           nprocs=WORLD, start_method="spawn")
         ranks = []
         for r in range(WORLD):
             with open(f"{out}.{r}") as f:
@@ -345,7 +369,7 @@ def main():
     profiles = {k: v for k, v in ranks[0].items() if k.startswith("profile_")}
     for k, v in profiles.items():
         print(k, json.dumps(v, indent=1))
-    common.write_json(args.json, {**record, "shape": dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, seq=SEQ, batch=BATCH),
+    common.write_json(args.json, {**record, "shape": shape, "complete": True,
                                   "world": WORLD, "ms": rows, "collectives": comm,
                                   "ratios": ratios, "targets": TARGETS,
                                   "meets_targets": {k: ratios[k] is not None and ratios[k] >= v
