@@ -1,9 +1,11 @@
-"""Accelerate's FP8 path (Accelerator(mixed_precision="fp8"), Transformer Engine backend) on this
-library: prepare() converts the model's Linear / LayerNorm layers to te layers and runs the
-forward under fp8_autocast; the model trains for --steps steps.
-    python examples/integrations/accelerate_fp8.py --out r.jsonl
-Prints the loss of every step, checks that every TE layer is this library's and that FP8 ran,
-and appends one JSON line to --out."""
+"""Accelerate with Transformer Engine layers on this library. --precision fp8 (default):
+Accelerator(mixed_precision="fp8") with its Transformer Engine backend, whose prepare() converts
+the model's Linear / LayerNorm layers to te layers and runs the forward under fp8_autocast.
+--precision bf16: the layers converted by Accelerate's own convert_model, then
+Accelerator(mixed_precision="bf16") (torch.autocast). The model trains for --steps steps.
+    python examples/integrations/accelerate_fp8.py [--precision bf16] --out r.jsonl
+Prints the loss of every step, checks that every TE layer is this library's and that FP8 ran
+(or, in BF16, did not), and appends one JSON line to --out."""
 from __future__ import annotations
 
 import torch
@@ -22,14 +24,25 @@ def model_and_data(hidden=256, classes=16, tokens=512):
     return model, x, target
 
 
+def _precision(p):
+    p.add_argument("--precision", choices=("fp8", "bf16"), default="fp8")
+
+
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], _precision)
+    fp8 = args.precision == "fp8"
     import accelerate
     from accelerate import Accelerator
     from accelerate.utils import TERecipeKwargs
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(fp8_format="HYBRID",
-                                                                             amax_history_len=16)])
     model, x, target = model_and_data()
+    if fp8:
+        acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[
+            TERecipeKwargs(fp8_format="HYBRID", amax_history_len=16)])
+    else:
+        acc = Accelerator(mixed_precision="bf16")  # accelerate's helpers need it made first
+        from accelerate.utils.transformer_engine import convert_model
+        with torch.no_grad():
+            convert_model(model)
     model, optimizer = acc.prepare(model, torch.optim.Adam(model.parameters(), lr=1e-3))
     layers = check_ours(model)
     x, target = x.to(acc.device), target.to(acc.device)
@@ -42,9 +55,9 @@ def main():
         losses.append(round(loss.item(), 4))
         print(f"step {step:2d}  loss {loss.item():.4f}")
     ran = fp8_ran(model)
-    ok = falling(losses) and ran
+    ok = falling(losses) and ran == fp8
     write_result(args.out, {"client": "accelerate", "client_version": accelerate.__version__,
-                            "precision": "fp8", "losses": losses, "loss_falls": falling(losses),
+                            "precision": args.precision, "losses": losses, "loss_falls": falling(losses),
                             "fp8_ran": ran, "te_layers": sorted({c for _, c in layers}),
                             "n_te_layers": len(layers), "ok": ok})
     raise SystemExit(0 if ok else 1)

@@ -66,3 +66,36 @@ def test_accelerator_fp8_prepares_and_trains(accelerator):
     assert losses[-1] < 0.9 * losses[0], losses
     # FP8 was on in the forward: the te Linears made FP8 recipe state
     assert all(m._fp8_state is not None for m in layers if isinstance(m, te.Linear))
+
+
+def test_accelerator_bf16_trains_converted_layers(installed_metadata):
+    """Accelerator(mixed_precision="bf16") over te layers from Accelerate's own convert_model:
+    the te layers compute in bf16 under its torch.autocast, no FP8, and the model trains."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils.transformer_engine import convert_model
+    AcceleratorState._reset_state(True)
+    try:
+        acc = Accelerator(mixed_precision="bf16", cpu=not torch.cuda.is_available())
+        model = _model()
+        with torch.no_grad():
+            convert_model(model)
+        model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        # the client hands back fp32 outputs; the te layers inside compute in bf16
+        dtypes = []
+        model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        x, target = _data()
+        losses = []
+        for _ in range(12):
+            optimizer.zero_grad()
+            out = model(x.to(acc.device))
+            loss = torch.nn.functional.mse_loss(out.float(), target.to(acc.device))
+            acc.backward(loss)
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[-1] < 0.9 * losses[0], losses
+        assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes
+        linears = [m for m in model.modules() if isinstance(m, te.Linear)]
+        assert len(linears) == 2 and all(m._fp8_state is None for m in linears)
+    finally:
+        AcceleratorState._reset_state(True)

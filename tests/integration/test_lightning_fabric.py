@@ -48,3 +48,31 @@ def test_fabric_transformer_engine_precision_trains(installed_metadata):
     assert losses[-1] < 0.9 * losses[0], losses
     # the plugin's forward context turned FP8 on: the TE linears made FP8 state
     assert all(m._fp8_state is not None for m in layers if isinstance(m, te.Linear))
+
+
+def test_fabric_bf16_mixed_trains_te_layers():
+    """precision="bf16-mixed" over a model built from te layers: they compute in bf16 under
+    Fabric's autocast, no FP8, and the model trains."""
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    fabric = Fabric(accelerator=accelerator, devices=1, precision="bf16-mixed")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(te.Linear(32, 64, device="cpu"), torch.nn.GELU(),
+                                te.LayerNorm(64, device="cpu"), te.Linear(64, 16, device="cpu"))
+    # Fabric hands back fp32 outputs; the te layers inside compute in bf16
+    dtypes = []
+    model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.05))
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(48, 32, generator=g), torch.randn(48, 16, generator=g)
+    losses = []
+    for _ in range(12):
+        optimizer.zero_grad()
+        out = model(x.to(fabric.device))
+        loss = torch.nn.functional.mse_loss(out.float(), target.to(fabric.device))
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], losses
+    assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes
+    assert all(m._fp8_state is None for m in model.modules() if isinstance(m, te.Linear))
