@@ -68,7 +68,9 @@ def start_reduce_scatter_first_dim(tensor: torch.Tensor, group=None, async_op: b
     """reduce_scatter_first_dim, started: (out, handle or None). With async_op on NCCL the
     collective runs on its own stream while the caller issues more work, and `out` holds the
     sums once the handle is waited on (the compute stream then waits for the collective, with
-    no host synchronisation); other backends finish before returning (handle None)."""
+    no host synchronisation); other backends, and a traced call, finish before returning
+    (handle None)."""
+    async_op = async_op and not torch.compiler.is_compiling()
     world = _tp_size(group)
     if world == 1:
         return tensor, None
@@ -92,7 +94,8 @@ def start_all_reduce(tensor: torch.Tensor, group=None, async_op: bool = True):
     on (see start_reduce_scatter_first_dim)."""
     if _tp_size(group) == 1:
         return tensor, None
-    handle = dist.all_reduce(tensor, group=group, async_op=async_op and _uses_nccl(group))
+    async_op = async_op and _uses_nccl(group) and not torch.compiler.is_compiling()
+    handle = dist.all_reduce(tensor, group=group, async_op=async_op)
     return tensor, handle
 
 
