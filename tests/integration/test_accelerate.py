@@ -48,27 +48,20 @@ def test_conversion_helpers(accelerator):
     torch.testing.assert_close(model(_data()[0].to(dev)).cpu(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_accelerator_fp8_prepares_and_trains(accelerator):
+def test_accelerator_fp8_prepares_and_trains(accelerator, train):
     acc = accelerator
     model = _model()
     # prepare() converts the layers and points the optimizer at the new parameters
     model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
     layers = [m for m in model.modules() if isinstance(m, (te.Linear, te.LayerNorm))]
     assert len(layers) == 3
-    x, target = _data()
-    losses = []
-    for _ in range(12):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x.to(acc.device)).float(), target.to(acc.device))
-        acc.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train(acc, model, optimizer, *_data())
     assert losses[-1] < 0.9 * losses[0], losses
     # FP8 was on in the forward: the te Linears made FP8 recipe state
     assert all(m._fp8_state is not None for m in layers if isinstance(m, te.Linear))
 
 
-def test_accelerator_bf16_trains_converted_layers(installed_metadata):
+def test_accelerator_bf16_trains_converted_layers(installed_metadata, train):
     """Accelerator(mixed_precision="bf16") over te layers from Accelerate's own convert_model:
     the te layers compute in bf16 under its torch.autocast, no FP8, and the model trains."""
     from accelerate import Accelerator
@@ -84,15 +77,7 @@ def test_accelerator_bf16_trains_converted_layers(installed_metadata):
         # the client hands back fp32 outputs; the te layers inside compute in bf16
         dtypes = []
         model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
-        x, target = _data()
-        losses = []
-        for _ in range(12):
-            optimizer.zero_grad()
-            out = model(x.to(acc.device))
-            loss = torch.nn.functional.mse_loss(out.float(), target.to(acc.device))
-            acc.backward(loss)
-            optimizer.step()
-            losses.append(loss.item())
+        losses = train(acc, model, optimizer, *_data())
         assert losses[-1] < 0.9 * losses[0], losses
         assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes
         linears = [m for m in model.modules() if isinstance(m, te.Linear)]

@@ -24,7 +24,12 @@ def _model():
                                torch.nn.Linear(64, 16))
 
 
-def test_fabric_transformer_engine_precision_trains(installed_metadata):
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(48, 32, generator=g), torch.randn(48, 16, generator=g)
+
+
+def test_fabric_transformer_engine_precision_trains(installed_metadata, train):
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     fabric = Fabric(accelerator=accelerator, devices=1, precision="transformer-engine")
     # the plugin replaces layers when the module is set up: the optimizer takes the new parameters
@@ -33,24 +38,14 @@ def test_fabric_transformer_engine_precision_trains(installed_metadata):
     layers = [m for m in model.modules() if type(m).__module__.startswith("transformer_engine.pytorch")]
     assert {type(m).__name__ for m in layers} == {"Linear", "LayerNorm"}
     assert all(isinstance(m, (te.Linear, te.LayerNorm)) for m in layers)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(48, 32, generator=g)
-    target = torch.randn(48, 16, generator=g)
-    losses = []
-    for _ in range(12):
-        optimizer.zero_grad()
-        out = model(x.to(fabric.device))
-        loss = torch.nn.functional.mse_loss(out.float(), target.to(fabric.device))
-        fabric.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train(fabric, model, optimizer, *_data())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.9 * losses[0], losses
     # the plugin's forward context turned FP8 on: the TE linears made FP8 state
     assert all(m._fp8_state is not None for m in layers if isinstance(m, te.Linear))
 
 
-def test_fabric_bf16_mixed_trains_te_layers():
+def test_fabric_bf16_mixed_trains_te_layers(train):
     """precision="bf16-mixed" over a model built from te layers: they compute in bf16 under
     Fabric's autocast, no FP8, and the model trains."""
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,16 +58,7 @@ def test_fabric_bf16_mixed_trains_te_layers():
     model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
     model = fabric.setup_module(model)
     optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.05))
-    g = torch.Generator().manual_seed(1)
-    x, target = torch.randn(48, 32, generator=g), torch.randn(48, 16, generator=g)
-    losses = []
-    for _ in range(12):
-        optimizer.zero_grad()
-        out = model(x.to(fabric.device))
-        loss = torch.nn.functional.mse_loss(out.float(), target.to(fabric.device))
-        fabric.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train(fabric, model, optimizer, *_data())
     assert losses[-1] < 0.9 * losses[0], losses
     assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes
     assert all(m._fp8_state is None for m in model.modules() if isinstance(m, te.Linear))

@@ -42,6 +42,27 @@ def _run(device, make, r, use_checkpoint, tracker, use_reentrant=True, input_gra
     return results
 
 
+def _tracker(device):
+    tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
+    tracker.add("model-parallel-rng", 1234)
+    return tracker
+
+
+def _reproducible(plain, again) -> bool:
+    return all(torch.equal(a, b) for sa, sb in zip(plain, again) for a, b in zip(sa, sb))
+
+
+def _assert_matches(plain, got, reproducible):
+    """Bit for bit where the plain run reproduces itself, else fp32 closeness (see below)."""
+    for step_a, step_b in zip(plain, got):
+        assert len(step_a) == len(step_b)
+        for a, b in zip(step_a, step_b):
+            if reproducible:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("module", list(MODULES))
@@ -50,21 +71,12 @@ def test_checkpoint_bit_exact(device, recipe_name, module):
     may pick split-K algorithms that reduce with atomics (seen on an H100 with fp32 operands),
     and then no two runs agree; the test then checks fp32 closeness instead and says so."""
     r = RECIPES[recipe_name]
-    out = []
-    for use in (False, False, True):
-        tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
-        tracker.add("model-parallel-rng", 1234)
-        out.append(_run(device, MODULES[module], r, use, tracker))
-    plain, again, ckpt = out
-    reproducible = all(torch.equal(a, b) for sa, sb in zip(plain, again) for a, b in zip(sa, sb))
+    plain, again, ckpt = (_run(device, MODULES[module], r, use, _tracker(device))
+                          for use in (False, False, True))
+    reproducible = _reproducible(plain, again)
     if device == "cpu":
         assert reproducible
-    for step_a, step_b in zip(plain, ckpt):
-        for a, b in zip(step_a, step_b):
-            if reproducible:
-                assert torch.equal(a, b)
-            else:
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_matches(plain, ckpt, reproducible)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -78,14 +90,7 @@ def test_non_reentrant_checkpoint_of_a_closure(device, recipe_name, input_grad):
     plain, again, ckpt = (_run(device, MODULES["LayerNormMLP"], r, use, _tracker(device),
                                use_reentrant=False, input_grad=input_grad)
                           for use in (False, False, True))
-    reproducible = all(torch.equal(a, b) for sa, sb in zip(plain, again) for a, b in zip(sa, sb))
-    for step_a, step_b in zip(plain, ckpt):
-        assert len(step_a) == len(step_b)
-        for a, b in zip(step_a, step_b):
-            if reproducible:
-                assert torch.equal(a, b)
-            else:
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_matches(plain, ckpt, _reproducible(plain, again))
 
 
 def test_checkpoint_rejects_non_callable():
@@ -118,12 +123,6 @@ def test_fp8_meta_marks_only_stashed_delayed_forwards(device, use_reentrant):
     assert all(torch.isfinite(m.weight.grad).all() for m in (plain, fp8, current))
 
 
-def _tracker(device):
-    tracker = te.CudaRNGStatesTracker(device="cuda" if device == "cuda" else "cpu")
-    tracker.add("model-parallel-rng", 1234)
-    return tracker
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_recompute_goes_through_the_state_manager(device, monkeypatch):
     """Each checkpointed delayed-scaling forward stashes its scales through
@@ -134,7 +133,7 @@ def test_recompute_goes_through_the_state_manager(device, monkeypatch):
     r = recipe.DelayedScaling(amax_history_len=3)
     ref = _run(device, MODULES["LayerNormMLP"], r, False, _tracker(device))
     again = _run(device, MODULES["LayerNormMLP"], r, False, _tracker(device))
-    reproducible = all(torch.equal(a, b) for sa, sb in zip(ref, again) for a, b in zip(sa, sb))
+    reproducible = _reproducible(ref, again)
     stashes, restores = {}, {}
     stash, restore = M.copy_forward_fp8_meta_tensors_for_recompute, M.get_old_fp8_meta_tensors_for_recompute
 
@@ -152,12 +151,7 @@ def test_recompute_goes_through_the_state_manager(device, monkeypatch):
     monkeypatch.setattr(M, "get_old_fp8_meta_tensors_for_recompute", staticmethod(counted_restore))
     got = _run(device, MODULES["LayerNormMLP"], r, True, _tracker(device))
     assert stashes and restores == stashes and sum(stashes.values()) == 3  # one per step
-    for a, b in zip(ref, got):
-        for x, y in zip(a, b):  # bit for bit where the plain run reproduces itself (see above)
-            if reproducible:
-                assert torch.equal(x, y)
-            else:
-                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    _assert_matches(ref, got, reproducible)
 
 
 def test_state_manager_recompute_methods_refuse_other_dicts():
