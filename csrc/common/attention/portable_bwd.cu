@@ -7,7 +7,8 @@
 //           dQ += scale * dS K
 // Recomputing S and dP in the dQ pass costs FLOPs but keeps every gradient a plain sum owned by
 // one block, so the result does not depend on scheduling.
-#include "attention/portable_common.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -35,7 +36,7 @@ __global__ void __launch_bounds__(128) attention_delta_kernel(KernelArgs a) {
     for (int d = lane; d < D; d += kLanes) acc += to_float(o[d]) * to_float(d_o[d]);
   }
   acc = group_sum<kLanes>(acc);
-  const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+  const int64_t row = stats_row(a, b, h, i);
   if (i < g.lq && lane == 0) a.delta[row] = acc;
   if (a.dq_acc != nullptr && i < g.lq) {  // the single-pass backward's dQ sums start at zero
 #pragma unroll
@@ -80,12 +81,7 @@ struct alignas(16) BwdTiles {
     load_tile<T, B, D, LD, NT>(reinterpret_cast<T*>(d_o),
                                static_cast<const T*>(a.d_o) + g.q_base + head, a.q_tok_stride,
                                q0, g.lq);
-    for (int r = threadIdx.x; r < B; r += NT) {
-      const int i = q0 + r;
-      const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
-      lse2[r] = i < g.lq ? a.lse[row] * kLog2e : kNegInf;
-      delta[r] = i < g.lq ? a.delta[row] : 0.f;
-    }
+    load_row_stats<B, NT>(a, g, b, h, q0, lse2, delta);
   }
 
   __device__ void load_keys(const KernelArgs& a, const SeqGeom& g, int hk, int k0) {
@@ -121,7 +117,7 @@ struct alignas(16) BwdTiles {
         const bool live = l2 != kNegInf && visible(a, off, i, j, g.lq, g.lk);
         const float pv = live ? fast_exp2_ftz(s[r][c] * a.scale_log2 - l2) : 0.f;
         if (keep_p) p[(row0 + r) * LDP + tx + TX * c] = pv;
-        ds[(row0 + r) * LDP + tx + TX * c] = pv * (dp[r][c] - delta[row0 + r]);
+        ds[(row0 + r) * LDP + tx + TX * c] = score_grad(pv, dp[r][c], delta[row0 + r]);
       }
     }
   }
@@ -147,7 +143,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_dkdv_kernel(KernelArgs 
   query_range(a, off, k0, min(k0 + B, g.lk), g.lq, &lo, &hi);
   const int group = a.hq / a.hkv;
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int q0 = (lo / B) * B; q0 < hi; q0 += B) {
+    for (int q0 = tile_start<B>(lo); q0 < hi; q0 += B) {
       __syncthreads();  // the previous step's tiles are no longer read
       t.load_queries(a, g, b, h, q0);
       __syncthreads();
@@ -186,7 +182,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_dq_kernel(KernelArgs a)
   const int q0 = blockIdx.x * B;
   const SeqGeom g = seq_geom(a, b);
   if (q0 >= g.lq) return;
-  const int hk = h / (a.hq / a.hkv);
+  const int hk = kv_head(a, h);
   const int off = diag_offset(a, g);
   const int tx = threadIdx.x % TX, row0 = (threadIdx.x / TX) * RM;
   t.load_queries(a, g, b, h, q0);
@@ -194,7 +190,7 @@ __global__ void __launch_bounds__(kBwdThreads) attention_dq_kernel(KernelArgs a)
   zero(dq);
   int lo, hi;
   key_range(a, off, q0, min(q0 + B, g.lq), g.lk, &lo, &hi);
-  for (int k0 = (lo / B) * B; k0 < hi; k0 += B) {
+  for (int k0 = tile_start<B>(lo); k0 < hi; k0 += B) {
     __syncthreads();
     t.load_keys(a, g, hk, k0);
     __syncthreads();

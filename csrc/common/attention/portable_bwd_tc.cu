@@ -9,7 +9,8 @@
 //          walks the key tiles: P, dP = dO V^T, dS, dQ += dS K
 // P and dS go from accumulators to A fragments in registers; query (dK/dV) and key (dQ) tiles
 // stream through two shared-memory stages with cp.async.
-#include "attention/portable_tc.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -51,11 +52,11 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dkdv_tc_kernel(Ke
   const int k0 = blockIdx.x * BO;
   const SeqGeom geo = seq_geom(a, b);
   if (k0 >= geo.lk) return;
-  const tc::KvBlockWalk w = tc::start_kv_block<T, BO, BS, D, NT>(a, geo, hk, k0, k_s, v_s);
+  const KvBlockWalk w = start_kv_block<T, BO, BS, D, NT>(a, geo, hk, k0, k_s, v_s);
   const int k1 = w.k1, off = w.off, q_first = w.q_first, tiles_per_head = w.tiles_per_head,
             steps = w.steps;
   auto issue = [&](int step, int st) {
-    tc::issue_query_step<T, BS, D, NT>(a, geo, b, hk, w, step, st, q_s, stats_s);
+    issue_query_step<T, BS, D, NT>(a, geo, b, hk, w, step, st, q_s, stats_s);
   };
   if (steps > 0) issue(0, 0);
   mma_sync::cp_async_commit();
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dkdv_tc_kernel(Ke
     float s[SN][4];
     tc::zero_acc(s);
     tc::mma_rows_rows<T, D, BS>(s, k_w, qt, lane);
-    const bool full = tc::tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
+    const bool full = tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
 #pragma unroll
     for (int n = 0; n < SN; ++n)
 #pragma unroll
@@ -132,26 +133,24 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dq_tc_kernel(Kern
   const int g = lane / 4, quad = lane % 4;
 
   const int h = blockIdx.y, b = blockIdx.z;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BO;  // heavy (late) tiles first
+  const int q0 = heaviest_first_start<BO>();
   const SeqGeom geo = seq_geom(a, b);
   if (q0 >= geo.lq) return;
   const int q1 = min(q0 + BO, geo.lq);
-  const int hk = h / (a.hq / a.hkv);
+  const int hk = kv_head(a, h);
   const int off = diag_offset(a, geo);
   const int64_t head = geo.q_base + int64_t(h) * D;
   const T* kg = static_cast<const T*>(a.k) + geo.kv_base + int64_t(hk) * D;
   const T* vg = static_cast<const T*>(a.v) + geo.kv_base + int64_t(hk) * D;
-  tc::load_tile_async<T, BO, D, NT>(q_s, static_cast<const T*>(a.q) + head, a.q_tok_stride, q0,
+  load_tile_async<T, BO, D, NT>(q_s, static_cast<const T*>(a.q) + head, a.q_tok_stride, q0,
                                     geo.lq);
-  tc::load_tile_async<T, BO, D, NT>(do_s, static_cast<const T*>(a.d_o) + head, a.q_tok_stride,
+  load_tile_async<T, BO, D, NT>(do_s, static_cast<const T*>(a.d_o) + head, a.q_tok_stride,
                                     q0, geo.lq);
   int lo, hi;
   key_range(a, off, q0, q1, geo.lk, &lo, &hi);
-  const int k_first = (lo / BS) * BS;
-  if (k_first < hi) {
-    tc::load_tile_async<T, BS, D, NT>(k_s, kg, a.kv_tok_stride, k_first, geo.lk);
-    tc::load_tile_async<T, BS, D, NT>(k_s + BS * LD, vg, a.kv_tok_stride, k_first, geo.lk);
-  }
+  const int k_first = tile_start<BS>(lo);
+  if (k_first < hi)
+    load_kv_async<T, BS, D, NT>(k_s, k_s + BS * LD, kg, vg, a.kv_tok_stride, k_first, geo.lk);
   mma_sync::cp_async_commit();
 
   const int i0 = q0 + warp * 16 + g;  // this lane's queries: i0, i0 + 8
@@ -159,7 +158,7 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dq_tc_kernel(Kern
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = i0 + 8 * r;
-    const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
+    const int64_t row = stats_row(a, b, h, i);
     lse2[r] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
     dlt[r] = i < geo.lq ? a.delta[row] : 0.f;
   }
@@ -173,8 +172,7 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dq_tc_kernel(Kern
     __syncthreads();
     if (k0 + BS < hi) {
       T* dst = k_s + 2 * (stage ^ 1) * BS * LD;
-      tc::load_tile_async<T, BS, D, NT>(dst, kg, a.kv_tok_stride, k0 + BS, geo.lk);
-      tc::load_tile_async<T, BS, D, NT>(dst + BS * LD, vg, a.kv_tok_stride, k0 + BS, geo.lk);
+      load_kv_async<T, BS, D, NT>(dst, dst + BS * LD, kg, vg, a.kv_tok_stride, k0 + BS, geo.lk);
     }
     mma_sync::cp_async_commit();
     const T* kt = k_s + 2 * stage * BS * LD;
@@ -183,14 +181,14 @@ __global__ void __launch_bounds__(TcBwdShape<D>::NT) attention_dq_tc_kernel(Kern
     float s[SN][4];
     tc::zero_acc(s);
     tc::mma_rows_rows<T, D, BS>(s, q_w, kt, lane);
-    const bool full = tc::tile_all_visible(a, off, q0, q1, k0, k0 + BS, geo.lk);
+    const bool full = tile_all_visible(a, off, q0, q1, k0, k0 + BS, geo.lk);
 #pragma unroll
     for (int n = 0; n < SN; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, i = i0 + 8 * r, j = k0 + n * 8 + 2 * quad + (e % 2);
         const bool live = lse2[r] != kNegInf && (full || visible(a, off, i, j, geo.lq, geo.lk));
-        s[n][e] = live ? fast_exp2_ftz(fmaf(s[n][e], a.scale_log2, -lse2[r])) : 0.f;
+        s[n][e] = live ? prob_from_lse(s[n][e], a.scale_log2, lse2[r]) : 0.f;
       }
     float dp[SN][4];
     tc::zero_acc(dp);

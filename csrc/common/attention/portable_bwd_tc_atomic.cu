@@ -13,7 +13,8 @@
 //   and, after a block barrier, warp w computes dQ_part = dS K for 16 queries x D / 2 columns of
 //   the tile over the block's BO keys and adds it to dq_acc (red.global.add).
 // A last kernel writes dq = scale * dq_acc in the output dtype.
-#include "attention/portable_tc.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -64,12 +65,12 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   const int k0 = blockIdx.x * BO;  // early keys (the most queries under a causal mask) first
   const SeqGeom geo = seq_geom(a, b);
   if (k0 >= geo.lk) return;
-  const tc::KvBlockWalk w = tc::start_kv_block<T, BO, BS, D, NT>(a, geo, hk, k0, k_s, v_s);
+  const KvBlockWalk w = start_kv_block<T, BO, BS, D, NT>(a, geo, hk, k0, k_s, v_s);
   const int k1 = w.k1, off = w.off, q_first = w.q_first, group = w.group,
             tiles_per_head = w.tiles_per_head, steps = w.steps;
   const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
   auto issue = [&](int step, int st) {
-    tc::issue_query_step<T, BS, D, NT>(a, geo, b, hk, w, step, st, q_s, stats_s);
+    issue_query_step<T, BS, D, NT>(a, geo, b, hk, w, step, st, q_s, stats_s);
   };
   if (steps > 0) issue(0, 0);
   mma_sync::cp_async_commit();
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
 
     // P^T [16 keys x BS queries] = exp2(S^T scale log2(e) - lse2), masked
     auto probabilities = [&](float (&s)[SN][4]) {
-      const bool full = tc::tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
+      const bool full = tile_all_visible(a, off, q0, q0 + BS, k0, k1, geo.lk);
 #pragma unroll
       for (int n = 0; n < SN; ++n)
 #pragma unroll

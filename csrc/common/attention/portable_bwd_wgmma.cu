@@ -62,7 +62,9 @@
 // (at d = 64 a block walks 16 tiles full, ~8.5 causal), a d = 64 shape with two blocks an SM
 // (one MMA warpgroup of 64 keys: BQ = 128 needs ~115 KiB a block, just over half the SM;
 // BQ = 64 doubles the Q / dO and dQ traffic per FLOP).
+#include "attention/online_softmax.cuh"
 #include "attention/portable_wgmma.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -208,16 +210,6 @@ struct WgmmaBwdShape {
   static_assert(kBytes + kAlign <= 232448, "shared memory of one block (227 KiB)");
 };
 
-// Block order: (kv head, sequence) pairs in groups of kGroupSpan / k_tiles (at least one), so
-// that a group's blocks are about one wave of the chip's 132 SMs, and a group's key tiles
-// interleaved lowest first: under a causal mask the lowest key tile sees the most query rows,
-// so the grid's tail holds the lightest blocks, while the blocks in flight still share few
-// heads' Q / dO / dQ sums in L2. The host and the blocks compute the same group size.
-constexpr int kGroupSpan = 128;
-__host__ __device__ __forceinline__ int grouped_pairs(int k_tiles) {
-  return k_tiles >= kGroupSpan ? 1 : (kGroupSpan + k_tiles - 1) / k_tiles;
-}
-
 template <typename T, int D, typename Shape>
 __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(KernelArgs a) {
   constexpr int BK = Shape::BK, BQ = Shape::BQ, DQN = Shape::DQN, STAGES = Shape::STAGES;
@@ -244,19 +236,12 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
   uint64_t* dq_full = bars + 2 * STAGES;  // dQ tile written: the 256 MMA threads (split: wg 1's)
   uint64_t* dq_empty = dq_full + 1;       // dQ tile read by the reduction: the producer
 
-  // 1D grid of k_tiles x pairs blocks in grouped order (grouped_pairs): group, then key tile,
-  // then (kv head, sequence) pair within the group
-  const int k_tiles = (a.skv_max + BK - 1) / BK;
-  const int pairs = static_cast<int>(gridDim.x / k_tiles), span = grouped_pairs(k_tiles);
-  const int group = static_cast<int>(blockIdx.x / (k_tiles * span));
-  const int within = static_cast<int>(blockIdx.x % (k_tiles * span));
-  const int size = min(span, pairs - group * span);  // the last group may hold fewer pairs
-  const int pair = group * span + within % size;
-  const int hk = pair % a.hkv, b = pair / a.hkv;
-  const int k0 = (within / size) * BK;
+  // 1D grid of k_tiles x pairs blocks in grouped order (block_range.cuh, grouped_key_tile)
+  const BlockTile tile = grouped_key_tile<BK>(a);
+  const int hk = tile.head, b = tile.seq, k0 = tile.row0;
   const SeqGeom geo = seq_geom(a, b);
   if (k0 >= geo.lk) return;
-  const tc::KvBlockWalk w = tc::kv_block_walk<BK, BQ>(a, geo, k0);
+  const KvBlockWalk w = kv_block_walk<BK, BQ>(a, geo, k0);
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(full + st, tc::kLanes);
@@ -294,7 +279,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
       float* stats = stats_stage(st);
       for (int r = lane; r < BQ; r += tc::kLanes) {
         const bool ok = q0 + r < geo.lq;
-        const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + (ok ? q0 + r : 0);
+        const int64_t row = stats_row(a, b, h, ok ? q0 + r : 0);
         cp_async_4(stats + r, a.lse + row, ok ? 4 : 0);
         cp_async_4(stats + BQ + r, a.delta + row, ok ? 4 : 0);
       }
@@ -315,7 +300,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
       if (lane == 0) {
         const int q0 = step_q0(step);
         const int rows = min(BQ, geo.lq - q0);
-        float* dst = a.dq_acc + ((int64_t(b) * a.hq + step_head(step)) * a.sq_max + q0) * D;
+        float* dst = a.dq_acc + stats_row(a, b, step_head(step), q0) * D;
         bulk_reduce_add_f32(dst, dq_s, rows * D * 4);
         bulk_wait_read();
         mbar_arrive(dq_empty);
@@ -454,7 +439,7 @@ __global__ void __launch_bounds__(Shape::NT, 1) attention_bwd_wgmma_kernel(Kerne
     wgmma::commit();
     wgmma::wait<1>();
     wgmma::pin(s);
-    const bool full_tile = tc::tile_all_visible(a, w.off, q0, q0 + BQ, k0, w.k1, geo.lk) &&
+    const bool full_tile = tile_all_visible(a, w.off, q0, q0 + BQ, k0, w.k1, geo.lk) &&
                            q0 + BQ <= geo.lq;
     if (Shape::STRAIGHT_EXP && full_tile) {
       // every score of the tile is visible and every row has a finite lse: straight-line code

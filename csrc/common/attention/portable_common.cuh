@@ -1,11 +1,14 @@
-// Building blocks of the portable attention kernels (forward and backward): sequence geometry,
-// the mask rule of attention.h, tile loads into padded shared memory and a register-tiled
-// FMA product over shared-memory tiles.
+// What every portable attention kernel shares beyond its role pieces: the kernel arguments,
+// the sequence geometry of a batch entry, the layout of the softmax statistics rows, and the
+// register-tiled FMA product of the FMA kernels; the host-side entry points of the kernel
+// files. The role pieces have headers of their own: mask.cuh (which pairs are visible),
+// online_softmax.cuh (the softmax and its backward), block_range.cuh (which tiles a block
+// owns and visits, in what order), tile_pipeline.cuh (the tile loads of the main loops).
 //
-// Thread layout of every [rows x cols] tile: thread t = ty * TX + tx owns rows ty*RM .. +RM-1 and
-// the columns tx + TX * c. The TX threads of a row are consecutive lanes of one warp (TX divides
-// 32), so row reductions are shuffles over TX lanes: correct on 32-lane warps and on 64-lane
-// wavefronts alike (an xor below TX never leaves the group).
+// Thread layout of every [rows x cols] tile of the FMA kernels: thread t = ty * TX + tx owns
+// rows ty*RM .. +RM-1 and the columns tx + TX * c. The TX threads of a row are consecutive lanes
+// of one warp (TX divides 32), so row reductions are shuffles over TX lanes: correct on 32-lane
+// warps and on 64-lane wavefronts alike (an xor below TX never leaves the group).
 #pragma once
 
 #include <math.h>
@@ -68,51 +71,10 @@ __device__ __forceinline__ SeqGeom seq_geom(const KernelArgs& a, int b) {
   return g;
 }
 
-__device__ __forceinline__ int diag_offset(const KernelArgs& a, const SeqGeom& g) {
-  return a.bottom_right ? g.lk - g.lq : 0;
-}
-
-__device__ __forceinline__ bool visible(const KernelArgs& a, int off, int i, int j, int lq,
-                                        int lk) {
-  if (i >= lq || j >= lk) return false;
-  if (a.right >= 0 && j > i + off + a.right) return false;
-  if (a.left >= 0 && j < i + off - a.left) return false;
-  return true;
-}
-
-// Keys [lo, hi) that some query of [q0, q1) may see.
-__device__ __forceinline__ void key_range(const KernelArgs& a, int off, int q0, int q1, int lk,
-                                          int* lo, int* hi) {
-  *lo = a.left >= 0 ? max(0, q0 + off - a.left) : 0;
-  *hi = a.right >= 0 ? min(lk, q1 - 1 + off + a.right + 1) : lk;
-}
-
-// Queries [lo, hi) that may see some key of [k0, k1).
-__device__ __forceinline__ void query_range(const KernelArgs& a, int off, int k0, int k1, int lq,
-                                            int* lo, int* hi) {
-  *lo = a.right >= 0 ? max(0, k0 - off - a.right) : 0;
-  *hi = a.left >= 0 ? min(lq, k1 - 1 - off + a.left + 1) : lq;
-}
-
-// rows [row0, row0 + ROWS) of a [positions, D] slice (stride tok_stride) into smem rows of LD
-// elements; rows at or past `valid` are zero. 16-byte global loads, 4-byte shared stores (LD is
-// padded by 2 elements so that rows start on different banks).
-template <typename T, int ROWS, int D, int LD, int NT>
-__device__ __forceinline__ void load_tile(T* smem, const T* gbase, int64_t tok_stride, int row0,
-                                          int valid) {
-  static_assert(D % 8 == 0 && LD % 2 == 0, "tile rows must hold whole 16-byte chunks");
-  constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += NT) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (row0 + r < valid)
-      val = *reinterpret_cast<const uint4*>(gbase + int64_t(row0 + r) * tok_stride + c * 8);
-    uint32_t* dst = reinterpret_cast<uint32_t*>(smem + r * LD + c * 8);
-    dst[0] = val.x;
-    dst[1] = val.y;
-    dst[2] = val.z;
-    dst[3] = val.w;
-  }
+// Index of query row i of head h of sequence b in the softmax statistics ([b, hq, sq_max]:
+// lse, delta) and, times D, in the single-pass backward's dQ sums.
+__device__ __forceinline__ int64_t stats_row(const KernelArgs& a, int b, int h, int i) {
+  return (int64_t(b) * a.hq + h) * a.sq_max + i;
 }
 
 // acc[r][c] += sum_k a(r, k) * b(k, c): the FMA core of every product of the kernels.
@@ -130,20 +92,6 @@ __device__ __forceinline__ void tile_fma(float (&acc)[RM][CN], LoadA a, LoadB b)
 #pragma unroll
       for (int c = 0; c < CN; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
   }
-}
-
-template <int TX>
-__device__ __forceinline__ float group_max(float x) {
-#pragma unroll
-  for (int o = TX / 2; o > 0; o /= 2) x = fmaxf(x, warp_shfl_xor(x, o));
-  return x;
-}
-
-template <int TX>
-__device__ __forceinline__ float group_sum(float x) {
-#pragma unroll
-  for (int o = TX / 2; o > 0; o /= 2) x += warp_shfl_xor(x, o);
-  return x;
 }
 
 template <int RM, int CN>

@@ -3,7 +3,8 @@
 // log2 domain), the output accumulated in registers and normalised once at the end.
 #include <atomic>
 
-#include "attention/portable_common.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
   const int q0 = blockIdx.x * BQ;
   const SeqGeom g = seq_geom(a, b);
   if (q0 >= g.lq) return;
-  const int hk = h / (a.hq / a.hkv);
+  const int hk = kv_head(a, h);
   const int off = diag_offset(a, g);
   const T* qg = static_cast<const T*>(a.q) + g.q_base + int64_t(h) * D;
   const T* kg = static_cast<const T*>(a.k) + g.kv_base + int64_t(hk) * D;
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
   int lo, hi;
   key_range(a, off, q0, min(q0 + BQ, g.lq), g.lk, &lo, &hi);
   const int row0 = ty * RM;
-  for (int k0 = (lo / BK) * BK; k0 < hi; k0 += BK) {
+  for (int k0 = tile_start<BK>(lo); k0 < hi; k0 += BK) {
     __syncthreads();  // the previous tile's k_s / v_s / p_s are no longer read
     load_tile<T, BK, D, LD, NT>(k_s, kg, a.kv_tok_stride, k0, g.lk);
     load_tile<T, BK, D, LD, NT>(v_s, vg, a.kv_tok_stride, k0, g.lk);
@@ -121,10 +122,8 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
         s[r][c] = visible(a, off, i, j, g.lq, g.lk) ? s[r][c] * a.scale_log2 : kNegInf;
         row_max = fmaxf(row_max, s[r][c]);
       }
-      row_max = group_max<TX>(row_max);
-      const float m_new = fmaxf(m[r], row_max);
-      const float m_use = m_new == kNegInf ? 0.f : m_new;  // no visible key yet: p = 0 below
-      const float alpha = fast_exp2_ftz(m[r] - m_use);
+      float alpha;
+      const float m_use = update_row_max(m[r], group_max<TX>(row_max), alpha);
       l[r] *= alpha;
 #pragma unroll
       for (int c = 0; c < DN; ++c) o[r][c] *= alpha;
@@ -134,7 +133,6 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
         l[r] += pv;
         p_s[(row0 + r) * LDP + tx + TX * c] = pv;
       }
-      m[r] = m_new;
     }
     __syncthreads();
     tile_fma<RM, DN, BK>(
@@ -148,13 +146,11 @@ __global__ void __launch_bounds__(NT) attention_fwd_kernel(KernelArgs a) {
     const float sum = group_sum<TX>(l[r]);
     const int i = q0 + row0 + r;
     if (i >= g.lq) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = row_inverse(sum);
 #pragma unroll
     for (int c = 0; c < DN; ++c)
       og[int64_t(i) * a.q_tok_stride + tx + TX * c] = from_float<T>(o[r][c] * inv);
-    if (tx == 0)
-      a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
-          sum > 0.f ? (m[r] + log2f(sum)) / kLog2e : kNegInf;
+    if (tx == 0) store_row_lse(a, b, h, i, m[r], sum);
   }
 }
 

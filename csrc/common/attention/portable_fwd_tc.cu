@@ -8,7 +8,8 @@
 // accumulator fragments, the online softmax on them (row max and sum over the four lanes of a
 // row, log2 domain), P packed in place into A fragments, O += P V. Heavy (late, for causal
 // masks) query tiles are scheduled first.
-#include "attention/portable_tc.cuh"
+#include "attention/online_softmax.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -56,10 +57,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   const int g = lane / 4, quad = lane % 4;
 
   const int h = blockIdx.y, b = blockIdx.z;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const int q0 = heaviest_first_start<BQ>();
   const SeqGeom geo = seq_geom(a, b);
   if (q0 >= geo.lq) return;
-  const int hk = h / (a.hq / a.hkv);
+  const int hk = kv_head(a, h);
   const int off = diag_offset(a, geo);
   const T* qg = static_cast<const T*>(a.q) + geo.q_base + int64_t(h) * D;
   const T* kg = static_cast<const T*>(a.k) + geo.kv_base + int64_t(hk) * D;
@@ -67,13 +68,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   const int q1 = min(q0 + BQ, geo.lq);
   int lo, hi;
   key_range(a, off, q0, q1, geo.lk, &lo, &hi);
-  const int k_first = (lo / BK) * BK;
+  const int k_first = tile_start<BK>(lo);
 
-  tc::load_tile_async<T, BQ, D, NT>(q_s, qg, a.q_tok_stride, q0, geo.lq);
-  if (k_first < hi) {
-    tc::load_tile_async<T, BK, D, NT>(k_s, kg, a.kv_tok_stride, k_first, geo.lk);
-    tc::load_tile_async<T, BK, D, NT>(v_s, vg, a.kv_tok_stride, k_first, geo.lk);
-  }
+  load_tile_async<T, BQ, D, NT>(q_s, qg, a.q_tok_stride, q0, geo.lq);
+  if (k_first < hi) load_kv_async<T, BK, D, NT>(k_s, v_s, kg, vg, a.kv_tok_stride, k_first, geo.lk);
   mma_sync::cp_async_commit();
 
   float o[MT][ON][4];
@@ -92,19 +90,16 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   for (int k0 = k_first; k0 < hi; k0 += BK, stage ^= 1) {
     mma_sync::cp_async_wait<0>();
     __syncthreads();  // tile k0 landed for every thread; every warp is done with the other stage
-    if (k0 + BK < hi) {
-      tc::load_tile_async<T, BK, D, NT>(k_s + (stage ^ 1) * BK * LD, kg, a.kv_tok_stride,
-                                        k0 + BK, geo.lk);
-      tc::load_tile_async<T, BK, D, NT>(v_s + (stage ^ 1) * BK * LD, vg, a.kv_tok_stride,
-                                        k0 + BK, geo.lk);
-    }
+    if (k0 + BK < hi)
+      load_kv_async<T, BK, D, NT>(k_s + (stage ^ 1) * BK * LD, v_s + (stage ^ 1) * BK * LD, kg, vg,
+                                  a.kv_tok_stride, k0 + BK, geo.lk);
     mma_sync::cp_async_commit();
 
     float s[MT][SN][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) tc::zero_acc(s[m]);
     tc::mma_rows_rows_mt<T, D, BK, MT>(s, q_w, k_s + stage * BK * LD, lane);
-    const bool full = tc::tile_all_visible(a, off, q0 + w0, q0 + w0 + 16 * MT, k0, k0 + BK,
+    const bool full = tile_all_visible(a, off, q0 + w0, q0 + w0 + 16 * MT, k0, k0 + BK,
                                            geo.lk);
     if (Shape::SPLIT_MASK && full) {
 #pragma unroll
@@ -137,11 +132,9 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
           v[n] = fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]);
           if (!Shape::SPLIT_MASK) mx = fmaxf(mx, v[n]);
         }
-        if (Shape::SPLIT_MASK) mx = tc::tree_max(v);
-        const float m_new = fmaxf(m_row[m][r], tc::quad_max(mx));
-        const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
-        const float alpha = fast_exp2_ftz(m_row[m][r] - m_use);
-        m_row[m][r] = m_new;
+        if (Shape::SPLIT_MASK) mx = tree_max(v);
+        float alpha;
+        const float m_use = update_row_max(m_row[m][r], quad_max(mx), alpha);
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < SN; ++n) {
@@ -150,7 +143,7 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
           v[n] = s[m][n][2 * r] + s[m][n][2 * r + 1];
           if (!Shape::SPLIT_MASK) sum += v[n];
         }
-        if (Shape::SPLIT_MASK) sum = tc::tree_sum(v);
+        if (Shape::SPLIT_MASK) sum = tree_sum(v);
         l_row[m][r] = l_row[m][r] * alpha + sum;
 #pragma unroll
         for (int n = 0; n < ON; ++n) {
@@ -171,12 +164,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float sum = tc::quad_sum(l_row[m][r]);
-      inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+      const float sum = quad_sum(l_row[m][r]);
+      inv[r] = row_inverse(sum);
       const int i = i0 + 16 * m + 8 * r;
-      if (quad == 0 && i < geo.lq)
-        a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
-            sum > 0.f ? (m_row[m][r] + log2f(sum)) / kLog2e : kNegInf;
+      if (quad == 0 && i < geo.lq) store_row_lse(a, b, h, i, m_row[m][r], sum);
     }
     tc::store_acc<T, D>(o[m], og, a.q_tok_stride, q0 + w0 + 16 * m, geo.lq, inv[0], inv[1],
                         lane);

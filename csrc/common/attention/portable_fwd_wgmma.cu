@@ -46,7 +46,9 @@
 // reuse). Likely the next limit: every tile ends in a __syncthreads of all warpgroups (the
 // copies by every thread), so their softmaxes line up instead of overlapping each other's
 // products; a producer warp with TMA and mbarriers (as in the backward) would let them drift.
+#include "attention/online_softmax.cuh"
 #include "attention/portable_wgmma.cuh"
+#include "attention/tile_pipeline.cuh"
 #include "util/error.h"
 
 namespace te {
@@ -111,7 +113,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], float (&m_row)[
                                              int row0, int k0, int lane) {
   constexpr int SN = BK / 8;
   const int g = lane / 4, quad = lane % 4;
-  if (!tc::tile_all_visible(a, off, row0, row0 + 16, k0, k0 + BK, geo.lk)) {
+  if (!tile_all_visible(a, off, row0, row0 + 16, k0, k0 + BK, geo.lk)) {
     // visible() as one key interval [j_lo, j_hi] per row, so that each element is two compares
     // and a select (visible()'s early returns compiled each element into a branch)
     int j_lo[2], j_hi[2];
@@ -139,10 +141,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BK / 2], float (&m_row)[
       acc[n % 4] = fmaxf(acc[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
     const float mx = fmaxf(fmaxf(acc[0], acc[1]), fmaxf(acc[2], acc[3]));
     // the max of the raw scores, scaled once: scale_log2 > 0 (forward_wgmma declines others)
-    const float m_new = fmaxf(m_row[r], tc::quad_max(mx) * a.scale_log2);
-    const float m_use = m_new == kNegInf ? 0.f : m_new;  // a row with nothing visible yet
-    alpha[r] = fast_exp2_ftz(m_row[r] - m_use);
-    m_row[r] = m_new;
+    const float m_use = update_row_max(m_row[r], quad_max(mx) * a.scale_log2, alpha[r]);
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[c] = 0.f;
 #pragma unroll
@@ -181,27 +180,25 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   if (gridDim.y == 1 && gridDim.z == 1) {  // the launch's one-dimensional grid:
     // block L -> group of LPT_GROUP (sequence, head) pairs, then the tile's rank in it (the
     // latest, heaviest query tiles first), then the pair
-    const int n = (a.sq_max + BQ - 1) / BQ, hb_total = gridDim.x / n, G = Shape::LPT_GROUP;
-    const int L = blockIdx.x, grp = L / (G * n), gsize = min(G, hb_total - grp * G);
-    const int within = L - grp * G * n, rank = within / gsize, hb = grp * G + within % gsize;
-    q0 = (n - 1 - rank) * BQ;
-    h = hb % a.hq;
-    b = hb / a.hq;
+    const BlockTile t = grouped_query_tile<BQ, Shape::LPT_GROUP>(a);
+    q0 = t.row0;
+    h = t.head;
+    b = t.seq;
   } else {
     h = blockIdx.y;
     b = blockIdx.z;
-    q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    q0 = heaviest_first_start<BQ>();
   }
   const SeqGeom geo = seq_geom(a, b);
   if (q0 >= geo.lq) return;
-  const int hk = h / (a.hq / a.hkv);
+  const int hk = kv_head(a, h);
   const int off = diag_offset(a, geo);
   const T* qg = static_cast<const T*>(a.q) + geo.q_base + int64_t(h) * D;
   const T* kg = static_cast<const T*>(a.k) + geo.kv_base + int64_t(hk) * D;
   const T* vg = static_cast<const T*>(a.v) + geo.kv_base + int64_t(hk) * D;
   int lo, hi;
   key_range(a, off, q0, min(q0 + BQ, geo.lq), geo.lk, &lo, &hi);
-  const int k_first = (lo / BK) * BK;
+  const int k_first = tile_start<BK>(lo);
   const int tiles = k_first < hi ? (hi - k_first + BK - 1) / BK : 0;
   int my_tiles = tiles;
   {  // this warpgroup's own last key tile: past it, all its rows are masked
@@ -376,12 +373,10 @@ __global__ void __launch_bounds__(Shape::NT, Shape::MIN_BLOCKS)
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float sum = tc::quad_sum(l_row[r]);
-    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+    const float sum = quad_sum(l_row[r]);
+    inv[r] = row_inverse(sum);
     const int i = row0 + g + 8 * r;
-    if (quad == 0 && i < geo.lq)
-      a.lse[(int64_t(b) * a.hq + h) * a.sq_max + i] =
-          sum > 0.f ? (m_row[r] + log2f(sum)) / kLog2e : kNegInf;
+    if (quad == 0 && i < geo.lq) store_row_lse(a, b, h, i, m_row[r], sum);
   }
   T* og = static_cast<T*>(a.o) + geo.q_base + int64_t(h) * D;
   tc::store_acc<T, D>(reinterpret_cast<const float(&)[D / 8][4]>(o), og, a.q_tok_stride, row0,

@@ -1,9 +1,10 @@
-// Building blocks of the register-level tensor-core attention kernels (portable_fwd_tc.cu,
-// portable_bwd_tc.cu): NVIDIA-only, on te::mma_sync of util/arch.h (mma.sync m16n8k16, ldmatrix,
-// cp.async). Every product is one warp's: a [16 x N] accumulator is a row of N/8 fragments of
-// [16 x 8] floats, laid out as arch.h documents, so row statistics are quad shuffles and the
-// packed accumulator is directly the A operand of the next product (P and dS never touch
-// shared memory).
+// The products of the register-level tensor-core attention kernels (portable_fwd_tc.cu,
+// portable_bwd_tc.cu, portable_bwd_tc_atomic.cu) and their fragment layout: NVIDIA-only, on
+// te::mma_sync of util/arch.h (mma.sync m16n8k16, ldmatrix). Every product is one warp's: a
+// [16 x N] accumulator is a row of N/8 fragments of [16 x 8] floats, laid out as arch.h
+// documents, so row statistics are quad shuffles (online_softmax.cuh) and the packed
+// accumulator is directly the A operand of the next product (P and dS never touch shared
+// memory). The tiles' cp.async loads are in tile_pipeline.cuh.
 //
 // Shared-memory tiles hold [rows x D] 16-bit elements with rows of D + 8 elements: a row starts
 // 16 bytes (four banks) after the previous one, so the eight 16-byte rows an ldmatrix phase reads
@@ -18,7 +19,6 @@ namespace attention {
 namespace portable {
 namespace tc {
 
-using mma_sync::cp_async_16;
 using mma_sync::ldmatrix_x4;
 using mma_sync::ldmatrix_x4_trans;
 using mma_sync::pack2;
@@ -30,22 +30,6 @@ template <int D>
 struct TileRow {
   static constexpr int LD = D + 8;  // elements per shared row
 };
-
-// Rows [row0, row0 + ROWS) of a [positions, D] slice (stride tok_stride) into shared memory,
-// asynchronously (the caller commits and waits); rows at or past `valid` are zero-filled.
-template <typename T, int ROWS, int D, int NT>
-__device__ __forceinline__ void load_tile_async(T* smem, const T* gbase, int64_t tok_stride,
-                                                int row0, int valid) {
-  constexpr int kChunks = D / 8, LD = TileRow<D>::LD;
-#pragma unroll
-  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += NT) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool ok = row0 + r < valid;
-    // a skipped row reads nothing (size 0) but still needs a valid address
-    const T* src = ok ? gbase + int64_t(row0 + r) * tok_stride + c * 8 : gbase;
-    cp_async_16(smem + r * LD + c * 8, src, ok ? 16 : 0);
-  }
-}
 
 template <int N>
 __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
@@ -142,45 +126,6 @@ __device__ __forceinline__ float2 packed_pair(const uint32_t (&p)[N / 16][4], in
   return unpack2<T>(p[n / 2][(n % 2) * 2 + half]);
 }
 
-// Max / sum over the four lanes of a quad (one accumulator row).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, warp_shfl_xor(x, 1));
-  return fmaxf(x, warp_shfl_xor(x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += warp_shfl_xor(x, 1);
-  return x + warp_shfl_xor(x, 2);
-}
-
-// Max / sum of N values as a tree (log2 N dependent steps instead of N); v is overwritten.
-template <int N>
-__device__ __forceinline__ float tree_max(float (&v)[N]) {
-#pragma unroll
-  for (int w = N / 2; w > 0; w /= 2)
-#pragma unroll
-    for (int n = 0; n < w; ++n) v[n] = fmaxf(v[n], v[n + w]);
-  return v[0];
-}
-template <int N>
-__device__ __forceinline__ float tree_sum(float (&v)[N]) {
-#pragma unroll
-  for (int w = N / 2; w > 0; w /= 2)
-#pragma unroll
-    for (int n = 0; n < w; ++n) v[n] += v[n + w];
-  return v[0];
-}
-
-// Whether every (query, key) of [q0, q1) x [k0, k1) is visible, keys inside [0, lk): such a tile
-// skips the per-element mask. Rows past the sequence may be counted as visible: their results
-// are never stored.
-__device__ __forceinline__ bool tile_all_visible(const KernelArgs& a, int off, int q0, int q1,
-                                                 int k0, int k1, int lk) {
-  if (k1 > lk) return false;
-  if (a.right >= 0 && k1 - 1 > q0 + off + a.right) return false;
-  if (a.left >= 0 && k0 < q1 - 1 + off - a.left) return false;
-  return true;
-}
-
 // dst[0] += x, dst[1] += y (8-byte aligned), without reading the result back.
 __device__ __forceinline__ void red_add_pair(float* dst, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -208,74 +153,6 @@ __device__ __forceinline__ void store_acc(const float (&acc)[D / 8][4], T* base,
     for (int n = 0; n < D / 8; ++n)
       out[4 * n] = pack2<T>(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
   }
-}
-
-// ----- the walk of a backward K/V block (dK/dV kernels of both schemes) -------------------------
-// A block owns BO keys [k0, k1) of one kv head and walks the BS-row query tiles of [q_first, hi)
-// in every query head of its GQA group: `steps` tiles in all, step s = head s / tiles_per_head,
-// tile s % tiles_per_head.
-struct KvBlockWalk {
-  int k1, off, q_first, group, tiles_per_head, steps;
-};
-
-// The walk of the block that owns keys [k0, k0 + BO) (sequence geometry and masks only).
-template <int BO, int BS>
-__device__ __forceinline__ KvBlockWalk kv_block_walk(const KernelArgs& a, const SeqGeom& geo,
-                                                     int k0) {
-  KvBlockWalk w;
-  w.k1 = min(k0 + BO, geo.lk);
-  w.off = diag_offset(a, geo);
-  int lo, hi;
-  query_range(a, w.off, k0, w.k1, geo.lq, &lo, &hi);
-  w.q_first = (lo / BS) * BS;
-  w.group = a.hq / a.hkv;
-  w.tiles_per_head = hi > w.q_first ? (hi - w.q_first + BS - 1) / BS : 0;
-  w.steps = w.tiles_per_head * w.group;
-  return w;
-}
-
-// Starts the cp.async copies of the block's K and V tiles (not committed) and returns its walk.
-template <typename T, int BO, int BS, int D, int NT>
-__device__ __forceinline__ KvBlockWalk start_kv_block(const KernelArgs& a, const SeqGeom& geo,
-                                                      int hk, int k0, T* k_s, T* v_s) {
-  const int64_t kv_head = geo.kv_base + int64_t(hk) * D;
-  load_tile_async<T, BO, D, NT>(k_s, static_cast<const T*>(a.k) + kv_head, a.kv_tok_stride, k0,
-                                geo.lk);
-  load_tile_async<T, BO, D, NT>(v_s, static_cast<const T*>(a.v) + kv_head, a.kv_tok_stride, k0,
-                                geo.lk);
-  return kv_block_walk<BO, BS>(a, geo, k0);
-}
-
-// lse * log2(e) and delta of query rows [q0, q0 + BS) of head h into stats[0, BS) and
-// stats[BS, 2 BS), by plain loads (copying these two rows with cp.async as well measured 1-7%
-// slower on an H100); rows past the sequence get -inf and 0, which zero their P and dS.
-template <int BS, int NT>
-__device__ __forceinline__ void load_row_stats(const KernelArgs& a, const SeqGeom& geo, int b,
-                                               int h, int q0, float* stats) {
-  for (int rr = threadIdx.x; rr < BS; rr += NT) {
-    const int i = q0 + rr;
-    const int64_t row = (int64_t(b) * a.hq + h) * a.sq_max + i;
-    stats[rr] = i < geo.lq ? a.lse[row] * kLog2e : kNegInf;
-    stats[BS + rr] = i < geo.lq ? a.delta[row] : 0.f;
-  }
-}
-
-// Issues the copies of step `step` of walk w into stage st: the Q and dO tiles (cp.async, at
-// q_s + 2 st BS LD and BS LD further) and the rows' statistics (load_row_stats).
-template <typename T, int BS, int D, int NT>
-__device__ __forceinline__ void issue_query_step(const KernelArgs& a, const SeqGeom& geo, int b,
-                                                 int hk, const KvBlockWalk& w, int step, int st,
-                                                 T* q_s, float* stats_s) {
-  constexpr int LD = TileRow<D>::LD;
-  const int h = hk * w.group + step / w.tiles_per_head;
-  const int q0 = w.q_first + (step % w.tiles_per_head) * BS;
-  const int64_t head = geo.q_base + int64_t(h) * D;
-  T* dst = q_s + 2 * st * BS * LD;
-  load_tile_async<T, BS, D, NT>(dst, static_cast<const T*>(a.q) + head, a.q_tok_stride, q0,
-                                geo.lq);
-  load_tile_async<T, BS, D, NT>(dst + BS * LD, static_cast<const T*>(a.d_o) + head,
-                                a.q_tok_stride, q0, geo.lq);
-  load_row_stats<BS, NT>(a, geo, b, h, q0, stats_s + 2 * st * BS);
 }
 
 }  // namespace tc
