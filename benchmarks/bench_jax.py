@@ -3,6 +3,10 @@ and TransformerLayer in BF16 and FP8 (delayed scaling) against plain Flax in BF1
 (nn.LayerNorm + nn.Dense, jax.nn.dot_product_attention with its cuDNN implementation), all in
 this run. Prints times and ratios (plain Flax BF16 time / ours: > 1 means we are faster).
 
+--variants: TransformerLayer in BF16 again with single XLA FFI custom calls turned off
+(NVTE_JAX_CUSTOM_CALLS=-gemm, -layernorm, -attention, and 0 for all), so the run shows which
+native call gains or costs against XLA's own ops inside the compiled step.
+
 --filter attention: transformer_engine.jax.fused_attn forced to each native backend (the XLA FFI
 custom call: te_cudnn, te_portable) and as dispatched by default (te_default) against
 jax.nn.dot_product_attention(implementation="cudnn"), forward and backward (= fwd+bwd - fwd),
@@ -89,6 +93,20 @@ def step_ms(model, x, fp8_recipe=None, reps=20):
 _SWITCHES = {"cudnn": "NVTE_FUSED_ATTN", "portable": "NVTE_FLASH_ATTN", "sdpa": "NVTE_SDPA_ATTN",
              "unfused": "NVTE_UNFUSED_ATTN"}
 ATTN_SHAPES = [(4, 2048, 16, 128), (4, 4096, 32, 128), (1, 16384, 32, 128)]  # b, s, h, d
+
+
+@contextlib.contextmanager
+def _custom_calls(value):
+    """NVTE_JAX_CUSTOM_CALLS=value while a step is traced (the primitives read it then)."""
+    saved = os.environ.get("NVTE_JAX_CUSTOM_CALLS")
+    os.environ["NVTE_JAX_CUSTOM_CALLS"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("NVTE_JAX_CUSTOM_CALLS")
+        else:
+            os.environ["NVTE_JAX_CUSTOM_CALLS"] = saved
 
 
 @contextlib.contextmanager
@@ -184,7 +202,7 @@ def attention_rows(reps, pattern):
 
 
 def main():
-    args = common.parse_args(__doc__)
+    args = common.parse_args(__doc__, {"variants": "TransformerLayer BF16 with single custom calls off"})
     reps = 5 if args.quick else 20
     delayed = recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16)
     cases = []
@@ -202,6 +220,7 @@ def main():
                                         self_attn_mask_type="causal", dtype=BF16)
     cases.append(("TransformerLayer", FlaxLayer(h2, i2, heads2), te_layer, x2))
     rows = []
+    variants = args.variants
     for label, flax_model, te_model, inp in cases:
         if not common.selected(label, args.filter):
             continue
@@ -211,6 +230,13 @@ def main():
         rows.append({"case": label, "shape": "x".join(map(str, inp.shape)),
                      "flax_bf16_ms": base, "te_bf16_ms": te_bf16, "te_fp8_ms": te_fp8,
                      "speedup_bf16": base / te_bf16, "speedup_fp8": base / te_fp8})
+        if variants and label == "TransformerLayer":
+            for off in ("-gemm", "-layernorm", "-attention", "0"):
+                with _custom_calls(off):
+                    ms = step_ms(te_model, inp, None, reps)
+                rows[-1][f"te_bf16_custom_calls[{off}]_ms"] = ms
+                print(f"  {label} bf16 NVTE_JAX_CUSTOM_CALLS={off}: {ms:.3f} ms "
+                      f"({base / ms:.3f}x plain Flax)", flush=True)
     common.print_table(rows, ["case", "shape", "flax_bf16_ms", "te_bf16_ms", "te_fp8_ms",
                               "speedup_bf16", "speedup_fp8"])
     attn = attention_rows(reps, args.filter)

@@ -11,8 +11,11 @@ import statistics
 import torch
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(description: str, flags: dict | None = None) -> argparse.Namespace:
+    """The common options, plus a store_true option for each {name: help} in flags."""
     ap = argparse.ArgumentParser(description=description)
+    for name, text in (flags or {}).items():
+        ap.add_argument(f"--{name}", action="store_true", help=text)
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--filter", default=None,
