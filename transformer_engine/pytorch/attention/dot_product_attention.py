@@ -496,7 +496,7 @@ class DotProductAttention(torch.nn.Module):
             self._configs[key] = cfg
         report = get_attention_backend(cfg, env_state)
         # straight into the instance dict: nn.Module.__setattr__'s parameter/submodule/buffer
-        # bookkeeping (a report is none of them) cost more than the rest of this bookkeeping
+        # bookkeeping (a report is none of them) costs more than the cached backend lookup
         self.__dict__["last_backend_report"] = report
         rng_context = self._rng_context() if dropout_p > 0.0 else None
 
