@@ -300,6 +300,29 @@ def test_bad_switch_value_raises(monkeypatch):
         bs.get_attention_backend(_cfg("cpu"))
 
 
+def test_attention_env_follows_every_change(monkeypatch):
+    """The parsed attention variables are remembered per raw value set: every change between two
+    calls is seen, and a bad value raises on every call, not once."""
+    from transformer_engine.common import config as env
+    base = env.attention_env()
+    assert base.allowed == (True,) * 4 and base.allow_nondeterministic and base.debug_level == 0
+    for var, value, field, want in (("NVTE_SDPA_ATTN", "0", "allowed", (True, True, True, False)),
+                                    ("NVTE_FLASH_ATTN", "1", "portable_requested", True),
+                                    ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0", "allow_nondeterministic", False),
+                                    ("NVTE_DEBUG", "1", "debug_level", 1),
+                                    ("NVTE_DEBUG_LEVEL", "2", "debug_level", 2)):
+        monkeypatch.setenv(var, value)
+        assert getattr(env.attention_env(), field) == want, var
+    monkeypatch.setenv("NVTE_DEBUG", "0")
+    assert env.attention_env().debug_level == 0     # the level counts only under NVTE_DEBUG
+    for _ in range(2):
+        monkeypatch.setenv("NVTE_UNFUSED_ATTN", "sometimes")
+        with pytest.raises(ValueError, match="NVTE_UNFUSED_ATTN"):
+            env.attention_env()
+    monkeypatch.setenv("NVTE_UNFUSED_ATTN", " 0 ")
+    assert env.attention_env().allowed == (True, True, False, False)
+
+
 def test_debug_logging(capfd, monkeypatch):
     monkeypatch.setenv("NVTE_DEBUG", "1")
     monkeypatch.setenv("NVTE_DEBUG_LEVEL", "2")

@@ -266,3 +266,51 @@ def test_determinism_request(monkeypatch):
     with bs.assume_vendor("cuda"):
         report = bs.get_attention_backend(_cfg(deterministic=True))
     assert report.reasons("sdpa") and "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0" in report.reasons("sdpa")[0]
+
+
+# ----- per-call work cached per geometry -----------------------------------------------------------
+
+def test_cached_module_rechecks_and_recomputes_each_new_call(monkeypatch):
+    """A module keeps its checks and configurations per geometry: after a call is cached, a bad
+    call still raises, and each new shape, dtype, mask, layout or switch gets the answer and the
+    report of a module that never saw a call."""
+    _force(monkeypatch, "sdpa")
+
+    def make():
+        return DotProductAttention(4, 16, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="causal")
+    dpa = make()
+    q = randn((2, 9, 4, 16), torch.float32, "cpu", 1)
+    kv = randn((2, 9, 2, 16), torch.float32, "cpu", 2)
+    dpa(q, kv, kv)
+    with pytest.raises(ValueError, match="4 heads"):
+        dpa(randn((2, 9, 3, 16), torch.float32, "cpu", 3), kv, kv)
+    with pytest.raises(ValueError, match="dtype"):
+        dpa(q, kv.double(), kv)
+    with pytest.raises(ValueError, match="key/value shapes"):
+        dpa(q, randn((2, 11, 2, 16), torch.float32, "cpu", 4), kv)
+    with pytest.raises(ValueError, match="attn_mask_type"):
+        dpa(q, kv, kv, attn_mask_type="diagonal")
+    calls = [
+        (q, kv, kv, {}),
+        (randn((2, 12, 4, 16), torch.float32, "cpu", 5), randn((2, 7, 2, 16), torch.float32, "cpu", 6),
+         randn((2, 7, 2, 16), torch.float32, "cpu", 7), {}),                      # sq != skv
+        (q.bfloat16(), kv.bfloat16(), kv.bfloat16(), {}),                         # dtype
+        (q, kv, kv, {"attn_mask_type": "no_mask"}),                               # mask type
+        (q, kv, kv, {"attn_mask_type": "causal_bottom_right", "window_size": (3, 0)}),
+        (q.transpose(0, 1), kv.transpose(0, 1), kv.transpose(0, 1), {"qkv_format": "sbhd"}),
+    ]
+    for a, b, c, kw in calls:
+        out = dpa(a, b, c, **kw)
+        fresh = make()
+        want = fresh(a, b, c, **kw)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert dpa.last_backend_report == fresh.last_backend_report
+        assert dpa.last_backend_report.config.dtype == a.dtype
+    monkeypatch.setenv("NVTE_SDPA_ATTN", "0")                  # same geometry, another switch
+    monkeypatch.setenv("NVTE_UNFUSED_ATTN", "1")
+    dpa(q, kv, kv)
+    assert dpa.last_backend_report.chosen == "unfused"
+    monkeypatch.setenv("NVTE_SDPA_ATTN", "1")
+    monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
+    dpa(q, kv, kv)
+    assert dpa.last_backend_report.chosen == "sdpa"

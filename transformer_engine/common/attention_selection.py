@@ -229,10 +229,11 @@ def evaluate(cfg, order: Sequence[str], rules: Sequence[Rule], vendor: str = "")
     return AttentionBackendReport(chosen, cfg, tuple(order), tuple(rejections), note, vendor)
 
 
-def switches_key() -> tuple:
-    """The env state (and assumed vendor) a cached decision depends on."""
-    return tuple(env.attention_backend_allowed(b)[0] for b in BACKENDS) + (
-        env.attention_backend_requested("portable"), _ASSUMED_VENDOR)
+def switches_key(state: Optional[env.AttentionEnv] = None) -> tuple:
+    """The env state (and assumed vendor) a cached decision depends on; `state` is the caller's
+    env.attention_env() of this call, read now when omitted."""
+    state = env.attention_env() if state is None else state
+    return (state.allowed, state.portable_requested, _ASSUMED_VENDOR)
 
 
 class _CurrentStderrHandler(logging.StreamHandler):
@@ -248,10 +249,11 @@ class _CurrentStderrHandler(logging.StreamHandler):
         pass
 
 
-def log_report(logger: logging.Logger, report: AttentionBackendReport, key, logged: set) -> None:
+def log_report(logger: logging.Logger, report: AttentionBackendReport, key, logged: set,
+               level: Optional[int] = None) -> None:
     """NVTE_DEBUG=1: log the choice and its rejections once per (configuration, env state);
-    NVTE_DEBUG_LEVEL=2 adds the configuration."""
-    level = env.debug_level()
+    NVTE_DEBUG_LEVEL=2 adds the configuration. `level`: env.debug_level() if already read."""
+    level = env.debug_level() if level is None else level
     if level <= 0 or key in logged:
         return
     logged.add(key)

@@ -3,10 +3,14 @@ at import), so changing one between calls takes effect. README.rst lists them al
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 
 def _flag(name: str, default: bool | None) -> bool | None:
-    value = os.environ.get(name)
+    return _parse_flag(name, os.environ.get(name), default)
+
+
+def _parse_flag(name: str, value: str | None, default: bool | None) -> bool | None:
     if value is None or value.strip() == "":
         return default
     v = value.strip().lower()
@@ -57,15 +61,60 @@ def allow_nondeterministic_algo() -> bool:
 def debug_level() -> int:
     """Backend-selection logging: 0 when NVTE_DEBUG is unset/0, else NVTE_DEBUG_LEVEL (default 1;
     1 = the chosen backend and every rejection with its reason, 2 = also the configuration)."""
-    if not _flag("NVTE_DEBUG", False):
+    return _parse_debug_level(os.environ.get("NVTE_DEBUG"), os.environ.get("NVTE_DEBUG_LEVEL"))
+
+
+def _parse_debug_level(debug: str | None, level: str | None) -> int:
+    if not _parse_flag("NVTE_DEBUG", debug, False):
         return 0
-    raw = os.environ.get("NVTE_DEBUG_LEVEL", "").strip()
+    raw = (level or "").strip()
     if raw == "":
         return 1
     try:
         return max(0, int(raw))
     except ValueError:
         raise ValueError(f"environment variable NVTE_DEBUG_LEVEL={raw!r}: expected 0, 1 or 2") from None
+
+
+class AttentionEnv(NamedTuple):
+    """The attention variables of one moment, parsed."""
+    allowed: tuple                 # per backend, in the order of ATTENTION_BACKEND_SWITCHES
+    portable_requested: bool       # NVTE_FLASH_ATTN=1 set explicitly
+    allow_nondeterministic: bool   # NVTE_ALLOW_NONDETERMINISTIC_ALGO
+    debug_level: int               # NVTE_DEBUG / NVTE_DEBUG_LEVEL, as debug_level()
+
+
+_ATTENTION_ENV_NAMES = tuple(ATTENTION_BACKEND_SWITCHES.values()) + (
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_DEBUG")
+_ATTENTION_ENV_PARSED: dict = {}
+
+
+def attention_env() -> AttentionEnv:
+    """Every attention variable, read now (each once) and parsed. The parse is remembered per
+    raw value set: attention reads these on every forward, and parsing them each time cost more
+    host time than the rest of the sdpa backend's dispatch."""
+    get = os.environ.get
+    raw = tuple(map(get, _ATTENTION_ENV_NAMES))
+    if raw[-1] is not None:   # NVTE_DEBUG_LEVEL counts only under NVTE_DEBUG
+        raw += (get("NVTE_DEBUG_LEVEL"),)
+    parsed = _ATTENTION_ENV_PARSED.get(raw)
+    if parsed is None:
+        parsed = _parse_attention_env(raw)
+        if len(_ATTENTION_ENV_PARSED) >= 64:
+            _ATTENTION_ENV_PARSED.clear()
+        _ATTENTION_ENV_PARSED[raw] = parsed
+    return parsed
+
+
+def _parse_attention_env(raw: tuple) -> AttentionEnv:
+    values = dict(zip(_ATTENTION_ENV_NAMES + ("NVTE_DEBUG_LEVEL",), raw))
+    portable = ATTENTION_BACKEND_SWITCHES["portable"]
+    return AttentionEnv(
+        allowed=tuple(bool(_parse_flag(var, values[var], True)) for var in ATTENTION_BACKEND_SWITCHES.values()),
+        portable_requested=bool(_parse_flag(portable, values[portable], False)),
+        allow_nondeterministic=bool(_parse_flag("NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+                                                values["NVTE_ALLOW_NONDETERMINISTIC_ALGO"], True)),
+        debug_level=_parse_debug_level(values["NVTE_DEBUG"], values.get("NVTE_DEBUG_LEVEL")))
 
 
 def jax_warn_skipped_updates_in_step() -> bool:

@@ -23,6 +23,7 @@ from typing import Callable, Tuple
 import torch
 
 from ...common import attention_selection as sel
+from ...common import config as env
 from ...common.attention_selection import AttentionBackendReport  # noqa: F401  (re-exported)
 from .. import native
 from . import sdpa as sdpa_backend
@@ -139,14 +140,16 @@ _CACHE: dict = {}
 _LOGGED: set = set()
 
 
-def get_attention_backend(cfg) -> AttentionBackendReport:
+def get_attention_backend(cfg, env_state=None) -> AttentionBackendReport:
     """The backend DotProductAttention would run for `cfg` (a kernels.attention.AttentionConfig), with
-    every rejection and its reason. Runs nothing on the device; reads the NVTE_*_ATTN switches now."""
-    key = (cfg, sel.switches_key())
+    every rejection and its reason. Runs nothing on the device; reads the NVTE_*_ATTN switches now,
+    or takes them from `env_state` (common.config.attention_env() of this call)."""
+    state = env.attention_env() if env_state is None else env_state
+    key = (cfg, sel.switches_key(state))
     report = _CACHE.get(key)
     if report is None:
         report = _CACHE[key] = _evaluate(cfg)
-    sel.log_report(_logger, report, key, _LOGGED)
+    sel.log_report(_logger, report, key, _LOGGED, state.debug_level)
     return report
 
 

@@ -478,10 +478,13 @@ class DotProductAttention(torch.nn.Module):
                 raise ValueError(f"{_OP}: attn_mask_type 'arbitrary' takes a dense mask; use bshd or sbhd")
             arbitrary = self._arbitrary_mask(attention_mask, b, sq, sk)
         dropout_p = self.attention_dropout if self.training else 0.0
-        deterministic = not env.allow_nondeterministic_algo()
-        key = (qkv_format, mask_type, window, dropout_p, bias is not None, deterministic, q.shape,
-               k.shape, v.shape, q.dtype, q.device, None if cu_q is None else cu_q.numel(),
-               max_seqlen_q, max_seqlen_kv)
+        env_state = env.attention_env()   # every attention variable, read once per call
+        deterministic = not env_state.allow_nondeterministic
+        if inference_params is not None:   # q/k/v are the cache's now
+            geometry = (qkv_format, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                        q.device, k.device, v.device)
+        key = (geometry, mask_type, window, dropout_p, bias is not None, deterministic,
+               None if cu_q is None else cu_q.numel(), max_seqlen_q, max_seqlen_kv)
         cfg = self._configs.get(key)
         if cfg is None:
             cfg = attn_ops.AttentionConfig.from_tensors(
@@ -491,8 +494,11 @@ class DotProductAttention(torch.nn.Module):
             if len(self._configs) >= 64:
                 self._configs.clear()
             self._configs[key] = cfg
-        report = get_attention_backend(cfg)
-        self.last_backend_report = report
+        report = get_attention_backend(cfg, env_state)
+        # straight into the instance dict: nn.Module.__setattr__'s parameter/submodule/buffer
+        # bookkeeping (a report is none of them) costs more than the cached backend lookup
+        self.__dict__["last_backend_report"] = report
+        rng_context = self._rng_context() if dropout_p > 0.0 else None
 
         def core(q_, k_, v_):
             if report.chosen == "unfused":
@@ -501,12 +507,12 @@ class DotProductAttention(torch.nn.Module):
                     softmax_scale=self.softmax_scale, dropout_p=dropout_p, training=self.training,
                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_seqlen_q,
                     max_seqlen_kv=max_seqlen_kv, seqlens_q=lq, seqlens_kv=lk,
-                    arbitrary_mask=arbitrary, bias=bias, rng_context=self._rng_context())
+                    arbitrary_mask=arbitrary, bias=bias, rng_context=rng_context)
             if report.chosen == "sdpa":
                 return sdpa_attention(
                     q_, k_, v_, qkv_format=qkv_format, mask_type=mask_type, window=window,
                     softmax_scale=self.softmax_scale, dropout_p=dropout_p, seqlens_q=lq,
-                    seqlens_kv=lk, arbitrary_mask=arbitrary, rng_context=self._rng_context())
+                    seqlens_kv=lk, arbitrary_mask=arbitrary, rng_context=rng_context)
             # strided q/k/v (e.g. views of a packed projection) go in as they are: the op copies
             # only what its backend cannot read in place
             return attn_ops.FusedAttention.apply(

@@ -38,22 +38,22 @@ def _from_bhsd(t: torch.Tensor, qkv_format: str) -> torch.Tensor:
     return t.transpose(1, 2) if qkv_format == "bshd" else t.permute(2, 0, 1, 3)
 
 
+# Written for the host time of a call (every step of a training loop pays it while the device
+# waits for SDPA's first kernel): no per-call closures, generators or keyword dicts.
 def sdpa_attention(q, k, v, *, qkv_format: str, mask_type: str, window, softmax_scale: float,
                    dropout_p: float = 0.0, seqlens_q=None, seqlens_kv=None, arbitrary_mask=None,
                    rng_context=None) -> torch.Tensor:
     """Attention output in q's layout with head dims kept: [.., h, d_v]. Arguments were checked by
     the caller (DotProductAttention); seqlens_* are the per-sequence lengths of padding types."""
-    qh, kh, vh = (_to_bhsd(t, qkv_format) for t in (q, k, v))
+    qh, kh, vh = _to_bhsd(q, qkv_format), _to_bhsd(k, qkv_format), _to_bhsd(v, qkv_format)
     b, hq, sq, _ = qh.shape
     hkv, sk = kh.shape[1], kh.shape[2]
-    kwargs = {"scale": softmax_scale}
-    if hkv != hq:  # GQA/MQA: query head h reads kv head h // (hq / hkv)
-        if _HAS_ENABLE_GQA:
-            kwargs["enable_gqa"] = True
-        else:
-            kh = kh.repeat_interleave(hq // hkv, dim=1)
-            vh = vh.repeat_interleave(hq // hkv, dim=1)
-    attn_mask, empty_rows = None, None
+    gqa = hkv != hq   # GQA/MQA: query head h reads kv head h // (hq / hkv)
+    if gqa and not _HAS_ENABLE_GQA:
+        kh = kh.repeat_interleave(hq // hkv, dim=1)
+        vh = vh.repeat_interleave(hq // hkv, dim=1)
+        gqa = False
+    attn_mask, empty_rows, is_causal = None, None, False
     if mask_type == "arbitrary" or sel.needs_dense_mask(mask_type, window, sq, sk):
         masked = masks.build_attention_mask(mask_type, window, b, sq, sk, qh.device, seqlens_q,
                                             seqlens_kv, arbitrary_mask)
@@ -62,16 +62,20 @@ def sdpa_attention(q, k, v, *, qkv_format: str, mask_type: str, window, softmax_
         empty_rows = masked.all(dim=-1, keepdim=True)
         attn_mask = ~(masked & ~empty_rows)
     else:
-        kwargs["is_causal"] = sel.uses_top_left_causal(mask_type, sq, sk)
-
-    def run():
-        return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask,
-                                              dropout_p=dropout_p, **kwargs)
+        is_causal = sel.uses_top_left_causal(mask_type, sq, sk)
     if dropout_p > 0.0 and rng_context is not None:
         with rng_context():
-            out = run()
+            out = _sdpa(qh, kh, vh, attn_mask, dropout_p, is_causal, softmax_scale, gqa)
     else:
-        out = run()
+        out = _sdpa(qh, kh, vh, attn_mask, dropout_p, is_causal, softmax_scale, gqa)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return _from_bhsd(out, qkv_format)
+
+
+def _sdpa(qh, kh, vh, attn_mask, dropout_p: float, is_causal: bool, scale: float, gqa: bool):
+    if gqa:   # only reached where torch has enable_gqa
+        return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
