@@ -211,15 +211,17 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # the dgrad chain first (FC2 dgrad, activation, FC1 dgrad): FC1's input gradient then
         # travels over the tensor-parallel group (pending) while both wgrad GEMMs run
         pending = None
-        # FC2's transposed weight exists whenever a backward runs, except with every gradient
-        # but the biases' off (see the forward): the checked ops then
+        # w2_t is None only when every gradient but the biases' is off (the forward casts FC2's
+        # transpose for any other backward): the checked ops take that case
         nc = (_fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute)
               if ctx.fp8 and w2_t is not None else None)
         if nc is not None:
             # each GEMM's casts and GEMMs in one native call of the Linear step's plan: FC2 casts
             # dy (+ FC2's bias gradient), then its dgrad and wgrad; the activation's backward
             # casts dh (+ FC1's bias gradient); FC1's dgrad and wgrad then take dh as it is, and
-            # the step's update, which must follow dh's cast (its amax), rides that last call
+            # the step's update, which must follow dh's cast (its amax), rides that last call.
+            # No tensor-parallel reduction waits on this path (plan_call), so FC2's wgrad may
+            # run before FC1's dgrad: the GEMMs write separate outputs, the bits do not change
             da, dw2, db2 = _fp8_step.fp8_backward(
                 "LayerNormMLP", nc, fi, dy, (a_t, a_sinv, w2_t, w2_sinv), w2_shape, dtype,
                 db2_dtype, True, need["w2"], ctx.weights[1], fuse, False)
