@@ -267,6 +267,59 @@ void linear_fp8_forward(const LinearFp8Params& p, uintptr_t x, uintptr_t w, uint
   forward_gemm(a, b, residual, d, bd, bias != 0, e);
 }
 
+// The step's delayed-scaling update as the backward calls receive it: None, or (groups, algo,
+// margin) as delayed_scaling_update takes them.
+struct StepUpdate {
+  bool present = false;
+  py::list groups;
+  int algo = 0;
+  float margin = 0.0f;
+};
+
+StepUpdate update_from(const py::object& update) {
+  StepUpdate u;
+  if (update.is_none()) return u;
+  const py::tuple t = update.cast<py::tuple>();
+  require(t.size() == 3, "update must be (groups, algo, margin)");
+  u.present = true;
+  u.groups = t[0].cast<py::list>();
+  u.algo = t[1].cast<int>();
+  u.margin = t[2].cast<float>();
+  return u;
+}
+
+// The backward's GEMMs on dy's FP8 data dyq [tokens, out] (its transpose dyq_t [out, tokens]
+// for dw) and scale_inv dy_sinv: dgrad dx = dy @ W when dx != 0, then wgrad dW (+)= dy^T @ x
+// when dw != 0 (the order the tensor-parallel callers rely on; see the backward entries).
+void backward_gemms(const LinearFp8Params& p, uintptr_t dyq, uintptr_t dyq_t, uintptr_t dy_sinv,
+                    uintptr_t x_t, uintptr_t x_sinv, uintptr_t w_t, uintptr_t w_sinv, uintptr_t dx,
+                    uintptr_t dw, int dw_dtype, float dw_beta, const CallEnv& e) {
+  const int64_t tokens = p.tokens, in_features = p.in_features, out_features = p.out_features;
+  if (dx) {
+    NVTETensor a = matrix(w_t, in_features, out_features, p.wq_dtype, 0, 0, w_sinv);
+    NVTETensor b = matrix(dyq, tokens, out_features, p.fp8_bwd, 0, 0, dy_sinv);
+    NVTETensor d = matrix(dx, tokens, in_features, p.dtype);
+    check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr, kNVTEGemmEpilogueNone,
+                           1.0f, 0.0f, true, e.workspace, e.workspace_size, e.stream));
+  }
+  if (dw) {
+    require(dyq_t != 0, "dw needs the output gradient's transpose (a plan made with need_wgrad)");
+    NVTETensor a = matrix(x_t, in_features, tokens, p.fp8_fwd, 0, 0, x_sinv);
+    NVTETensor b = matrix(dyq_t, out_features, tokens, p.fp8_bwd, 0, 0, dy_sinv);
+    NVTETensor d = matrix(dw, out_features, in_features, dw_dtype);
+    check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr, kNVTEGemmEpilogueNone,
+                           1.0f, dw_beta, false, e.workspace, e.workspace_size, e.stream));
+  }
+}
+
+void require_operands(const LinearFp8Params& p, uintptr_t dx, uintptr_t dw, uintptr_t x_t,
+                      uintptr_t x_sinv, uintptr_t w_t, uintptr_t w_sinv) {
+  require(!dx || (p.need_dgrad && w_t && w_sinv),
+          "dx needs a plan made with need_dgrad and the weight's transpose and scale_inv");
+  require(!dw || (p.need_wgrad && x_t && x_sinv),
+          "dw needs a plan made with need_wgrad and the input's transpose and scale_inv");
+}
+
 // dx [tokens, in] = dy @ W and dW [out, in] (+)= dy^T @ x in FP8 (backward slot 0: dy).
 // The forward's operands: from the kept arena when kept != 0 (x^T and x's scale_inv; W's too when
 // the forward cast W), else x_t, x_sinv, w_t, w_sinv as given (a forward that did not run this
@@ -288,30 +341,17 @@ void linear_fp8_backward(const LinearFp8Params& p, uintptr_t dy, uintptr_t kept,
     }
   }
   require(dy && scratch, "backward needs dy and scratch");
-  require(!dx || (p.need_dgrad && w_t && w_sinv),
-          "dx needs a plan made with need_dgrad and the weight's transpose and scale_inv");
-  require(!dw || (p.need_wgrad && x_t && x_sinv),
-          "dw needs a plan made with need_wgrad and the input's transpose and scale_inv");
+  require_operands(p, dx, dw, x_t, x_sinv, w_t, w_sinv);
   require(!dbias || p.dbias_in_cast, "dbias needs a plan made with dbias_dtype");
   const CallEnv e = env_from(env);
   const NVTEStream stream = e.stream;
   const Scaling& s = p.bwd;
-  const int64_t tokens = p.tokens, in_features = p.in_features, out_features = p.out_features;
+  const int64_t tokens = p.tokens, out_features = p.out_features;
   const uintptr_t dyq = at(scratch, p.dyq), dyq_t = at(scratch, p.dyq_t);
   const uintptr_t dy_sinv = at(scratch, p.dy_sinv);
   const NVTETensor dyd = matrix(dy, tokens, out_features, p.dtype);
   const NVTETensor* inputs[1] = {&dyd};
-  py::list groups;
-  int algo = 0;
-  float margin = 0.0f;
-  const bool has_update = !update.is_none();
-  if (has_update) {
-    const py::tuple u = update.cast<py::tuple>();
-    require(u.size() == 3, "update must be (groups, algo, margin)");
-    groups = u[0].cast<py::list>();
-    algo = u[1].cast<int>();
-    margin = u[2].cast<float>();
-  }
+  const StepUpdate u = update_from(update);
   bool updated = false;  // the step's update already queued
   if (dbias) {
     // the step's scaling rides the cast where it can: current scaling's scale, or the step's
@@ -325,11 +365,11 @@ void linear_fp8_backward(const LinearFp8Params& p, uintptr_t dy, uintptr_t kept,
           &dyd, &q, &q_t, &db, &ws, reinterpret_cast<float*>(s.history),
           reinterpret_cast<int*>(s.counter), reinterpret_cast<float*>(s.scale),
           reinterpret_cast<float*>(s.scale_inv), s.skipped_ptr(), s.fp8_max, stream));
-    } else if (has_update) {
-      const std::vector<NVTEScalingGroup> g = scaling_groups_from_list(groups);
+    } else if (u.present) {
+      const std::vector<NVTEScalingGroup> g = scaling_groups_from_list(u.groups);
       check_status(nvte_cast_transpose_dbias_update(
           &dyd, &q, &q_t, &db, &ws, g.data(), static_cast<int64_t>(g.size()),
-          static_cast<NVTEAmaxAlgo>(algo), margin, reinterpret_cast<int*>(s.counter), stream));
+          static_cast<NVTEAmaxAlgo>(u.algo), u.margin, reinterpret_cast<int*>(s.counter), stream));
       updated = true;
     } else {
       check_status(nvte_cast_transpose_dbias(&dyd, &q, &q_t, &db, &ws, stream));
@@ -344,22 +384,29 @@ void linear_fp8_backward(const LinearFp8Params& p, uintptr_t dy, uintptr_t kept,
     current_scales(s, inputs, 1, stream);
     cast(dyd, s, 0, p.fp8_bwd, dyq, 0, dy_sinv, stream);
   }
-  if (dx) {
-    NVTETensor a = matrix(w_t, in_features, out_features, p.wq_dtype, 0, 0, w_sinv);
-    NVTETensor b = matrix(dyq, tokens, out_features, p.fp8_bwd, 0, 0, dy_sinv);
-    NVTETensor d = matrix(dx, tokens, in_features, p.dtype);
-    check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr, kNVTEGemmEpilogueNone,
-                           1.0f, 0.0f, true, e.workspace, e.workspace_size, stream));
-  }
-  if (dw) {
-    require(dyq_t != 0, "dw needs a plan made with need_wgrad");
-    NVTETensor a = matrix(x_t, in_features, tokens, p.fp8_fwd, 0, 0, x_sinv);
-    NVTETensor b = matrix(dyq_t, out_features, tokens, p.fp8_bwd, 0, 0, dy_sinv);
-    NVTETensor d = matrix(dw, out_features, in_features, dw_dtype);
-    check_status(nvte_gemm(&a, true, &b, false, &d, nullptr, nullptr, kNVTEGemmEpilogueNone,
-                           1.0f, dw_beta, false, e.workspace, e.workspace_size, stream));
-  }
-  if (has_update && !updated) delayed_scaling_update_from_list(groups, algo, margin, stream);
+  backward_gemms(p, dyq, dyq_t, dy_sinv, x_t, x_sinv, w_t, w_sinv, dx, dw, dw_dtype, dw_beta, e);
+  if (u.present && !updated) delayed_scaling_update_from_list(u.groups, u.algo, u.margin, stream);
+}
+
+// The backward of a step whose output gradient comes already in FP8, cast by the kernel that
+// made it (LayerNormMLP's FC1: the activation's backward casts dh, with its own slot and bias
+// gradient): dyq [tokens, out], its transpose dyq_t [out, tokens] (needed for dw) and its
+// scale_inv dy_sinv, of p.fp8_bwd. The forward's operands are given (x_t, x_sinv, w_t, w_sinv);
+// dx, dw, dw_dtype, dw_beta and update as in linear_fp8_backward. The plan's backward scratch and
+// dbias_dtype are not used: a plan made with dbias_dtype is refused (no cast here sums dy).
+void linear_fp8_backward_fp8_grad(const LinearFp8Params& p, uintptr_t dyq, uintptr_t dyq_t,
+                                  uintptr_t dy_sinv, uintptr_t x_t, uintptr_t x_sinv,
+                                  uintptr_t w_t, uintptr_t w_sinv, uintptr_t dx, uintptr_t dw,
+                                  int dw_dtype, float dw_beta, const py::tuple& env,
+                                  const py::object& update) {
+  require(dyq && dy_sinv, "backward_fp8_grad needs dyq and dy_sinv");
+  require(!dw || dyq_t, "backward_fp8_grad: dw needs dyq_t");
+  require(!p.dbias_in_cast, "backward_fp8_grad needs a plan made without dbias_dtype");
+  require_operands(p, dx, dw, x_t, x_sinv, w_t, w_sinv);
+  const CallEnv e = env_from(env);
+  const StepUpdate u = update_from(update);
+  backward_gemms(p, dyq, dyq_t, dy_sinv, x_t, x_sinv, w_t, w_sinv, dx, dw, dw_dtype, dw_beta, e);
+  if (u.present) delayed_scaling_update_from_list(u.groups, u.algo, u.margin, e.stream);
 }
 
 // (arena, offset, shape, dtype code) of each used region, by name: the tensor views the caller
@@ -478,7 +525,11 @@ void register_linear_step(py::module_& m) {
       .def("backward", &linear_fp8_backward, py::arg("dy"), py::arg("kept"), py::arg("x_t"),
            py::arg("x_sinv"), py::arg("w_t"), py::arg("w_sinv"), py::arg("scratch"),
            py::arg("dx"), py::arg("dw"), py::arg("dw_dtype"), py::arg("dw_beta"),
-           py::arg("dbias"), py::arg("env"), py::arg("update"));
+           py::arg("dbias"), py::arg("env"), py::arg("update"))
+      .def("backward_fp8_grad", &linear_fp8_backward_fp8_grad, py::arg("dyq"), py::arg("dyq_t"),
+           py::arg("dy_sinv"), py::arg("x_t"), py::arg("x_sinv"), py::arg("w_t"),
+           py::arg("w_sinv"), py::arg("dx"), py::arg("dw"), py::arg("dw_dtype"),
+           py::arg("dw_beta"), py::arg("env"), py::arg("update"));
 
   // High precision (x, W, dy, y, dx, dW all of dtype; bias and its gradient of bias_dtype): the
   // same GEMMs as kernels/gemm.py's unchecked gemm call makes, in one call per direction.

@@ -22,6 +22,10 @@ def _plain(args):
     assert not bad, f"a binding was handed {[type(a).__name__ for a in bad]}"
 
 
+# the names of the stand-in plan's calls, in order (cleared per test by the stand_in fixture)
+PLAN_CALLS: list = []
+
+
 class _Plan:
     """Stands in for LinearFp8Plan: its sizes, and the argument counts of its calls."""
 
@@ -39,10 +43,21 @@ class _Plan:
     def forward(self, *args):
         assert len(args) == 9
         _plain(args)
+        PLAN_CALLS.append("forward")
 
     def backward(self, *args):
         assert len(args) == 14
         _plain(args)
+        assert args[0] and args[6]  # dy, scratch
+        PLAN_CALLS.append("backward")
+
+    def backward_fp8_grad(self, *args):
+        assert len(args) == 13
+        _plain(args)
+        assert args[0] and args[2]  # dyq, dy_sinv
+        assert not self.dbias_in_cast
+        assert bool(args[1]) == bool(self.need_wgrad)  # dyq_t exactly when there is a dw to make
+        PLAN_CALLS.append("backward_fp8_grad")
 
 
 class _Native:
@@ -75,6 +90,7 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(native, "stream_handle", lambda index=None: 0)
     monkeypatch.setattr(q.RecipeState, "on_native", lambda self: True)
     monkeypatch.setattr(q, "require_fp8_support", lambda *a: None)
+    PLAN_CALLS.clear()
     yield call
 
 
@@ -96,12 +112,26 @@ MODULES = {
     "LayerNormLinear_rms": lambda: te.LayerNormLinear(H, F, normalization="RMSNorm",
                                                       return_layernorm_output=True,
                                                       **_ON_CPU),
+    "LayerNormLinear_main_grad": lambda: te.LayerNormLinear(H, F, fuse_wgrad_accumulation=True,
+                                                            **_ON_CPU),
+    "LayerNormLinear_delay_wgrad": lambda: te.LayerNormLinear(H, F, delay_wgrad_compute=True,
+                                                              **_ON_CPU),
+    # fp32 parameters under torch.autocast: the bias (and its gradient) of another dtype than
+    # the compute dtype
+    "LayerNormLinear_fp32_params": lambda: te.LayerNormLinear(H, F, params_dtype=torch.float32,
+                                                              device="cpu"),
     "LayerNormMLP_gelu": lambda: te.LayerNormMLP(H, F, **_ON_CPU),
     "LayerNormMLP_swiglu": lambda: te.LayerNormMLP(H, F, activation="swiglu",
                                                    **_ON_CPU),
     "LayerNormMLP_relu_rms": lambda: te.LayerNormMLP(H, F, activation="relu", bias=False,
                                                      normalization="RMSNorm",
                                                      **_ON_CPU),
+    "LayerNormMLP_main_grad": lambda: te.LayerNormMLP(H, F, fuse_wgrad_accumulation=True,
+                                                      **_ON_CPU),
+    "LayerNormMLP_delay_wgrad": lambda: te.LayerNormMLP(H, F, delay_wgrad_compute=True,
+                                                        **_ON_CPU),
+    "LayerNormMLP_fp32_params": lambda: te.LayerNormMLP(H, F, params_dtype=torch.float32,
+                                                        device="cpu"),
     # frozen GEMM weights: no weight gradients, so no transposes (the unfused FP8 activations)
     "LayerNormMLP_frozen": lambda: _frozen(te.LayerNormMLP(H, F, activation="gelu",
                                                            **_ON_CPU)),
@@ -126,8 +156,10 @@ def test_eager_native_branches_run(stand_in, name, rname, microbatch):
     r = RECIPES[rname]
     torch.manual_seed(3)
     m = MODULES[name]()
-    if name == "Linear_main_grad":
-        m.weight.main_grad = torch.randn(F, H)
+    if name.endswith("_main_grad"):
+        for pname, p in m.named_parameters():
+            if pname.endswith("weight") and "norm" not in pname:
+                p.main_grad = torch.randn(p.shape)
     x = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
     kw = {} if microbatch is None else {"is_first_microbatch": microbatch}
     with te.fp8_autocast(enabled=r is not None, fp8_recipe=r):
@@ -137,6 +169,15 @@ def test_eager_native_branches_run(stand_in, name, rname, microbatch):
     assert out.shape == (T, H if keeps_width else F)
     out.float().sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+    if name.endswith("_delay_wgrad"):
+        m.backward_dw()
+    # the norm modules' FP8 backward: one call of the Linear step's plan per GEMM (the checked
+    # ops for a delayed weight gradient)
+    norm_gemm = name.startswith(("LayerNormLinear", "LayerNormMLP"))
+    if r is not None and norm_gemm and not name.endswith("_delay_wgrad"):
+        want = (["backward"] if name.startswith("LayerNormLinear")
+                else ["backward", "backward_fp8_grad"])
+        assert [c for c in PLAN_CALLS if c.startswith("backward")] == want
     assert not q._DEFERRED
 
 

@@ -24,6 +24,14 @@ _FLAVOR_BY_DEVICE: dict = {}
 def _flavor(device: torch.device) -> str:
     """FP8 encoding of a device, cached (modules fill the cache eagerly when they are built,
     so a compiled region only reads it)."""
+    if device.type == "cpu":
+        flavor = _FLAVOR_BY_DEVICE.get("cpu")
+        if flavor is None:
+            # the emulated AMD build's CPU tensors are its device's memory: that arch's encoding
+            emulated = native.emulated_device(device)
+            flavor = _FLAVOR_BY_DEVICE["cpu"] = (
+                native.capability(device).fp8_flavor if emulated else None) or fp8_formats.OCP
+        return flavor
     if device.type != "cuda":
         return fp8_formats.OCP
     key = device.index if device.index is not None else torch.cuda.current_device()

@@ -25,13 +25,14 @@ class Fp8Plan:
     bound C++ field costs several times a slot's host time), and its forward / backward."""
     __slots__ = ("native", "tokens", "in_features", "out_features", "fresh_w", "need_dgrad",
                  "need_wgrad", "dbias_in_cast", "kept_bytes", "forward_scratch_bytes",
-                 "backward_scratch_bytes", "forward", "backward")
+                 "backward_scratch_bytes", "forward", "backward", "backward_fp8_grad")
 
     def __init__(self, plan):
         self.native = plan
-        for name in self.__slots__[1:-2]:
+        for name in self.__slots__[1:-3]:
             setattr(self, name, getattr(plan, name))
         self.forward, self.backward = plan.forward, plan.backward
+        self.backward_fp8_grad = plan.backward_fp8_grad
 
 
 def fp8_plan(nc, rs, key):
@@ -90,6 +91,24 @@ def saved_operands(plan, kept, wq_t, w_sinv, fp8_dtype):
     return views.get("x_t"), views["x_sinv"], wq_t, w_sinv
 
 
+def _fp8_grads(plan, device, dtype, bias_dtype, main_grad):
+    """(dx, dw, db) buffers of an FP8 backward: dx when the plan makes it, dw when it makes it and
+    main_grad is None, db when dy's cast sums it (of bias_dtype)."""
+    tokens, in_features, out_features = plan.tokens, plan.in_features, plan.out_features
+    own_dw = plan.need_wgrad and main_grad is None
+    want_db = plan.dbias_in_cast
+    if bias_dtype in (None, dtype):
+        return step_grads(device, dtype, (
+            (tokens, in_features) if plan.need_dgrad else None,
+            (out_features, in_features) if own_dw else None,
+            (out_features,) if want_db else None))
+    dx, dw = step_grads(device, dtype, (
+        (tokens, in_features) if plan.need_dgrad else None,
+        (out_features, in_features) if own_dw else None))
+    db = torch.empty(out_features, dtype=bias_dtype, device=device) if want_db else None
+    return dx, dw, db
+
+
 def fp8_backward(nc, plan, dy, saved, dtype, bias_dtype, main_grad, update):
     """(dx, dw, db) of an FP8 step through plan.backward. saved: (kept, xq_t, x_sinv, wq_t,
     w_sinv), kept None when a checked forward saved tensors (the others are then used). dx when
@@ -98,20 +117,7 @@ def fp8_backward(nc, plan, dy, saved, dtype, bias_dtype, main_grad, update):
     update (or None), launched by this call. dy's FP8 data, transpose, scale_inv and the
     bias-gradient workspace live in the call's scratch."""
     kept, xq_t, x_sinv, wq_t, w_sinv = saved
-    tokens, in_features, out_features = plan.tokens, plan.in_features, plan.out_features
-    own_dw = plan.need_wgrad and main_grad is None
-    want_db = plan.dbias_in_cast
-    device = dy.device
-    if bias_dtype in (None, dtype):
-        dx, dw, db = step_grads(device, dtype, (
-            (tokens, in_features) if plan.need_dgrad else None,
-            (out_features, in_features) if own_dw else None,
-            (out_features,) if want_db else None))
-    else:
-        dx, dw = step_grads(device, dtype, (
-            (tokens, in_features) if plan.need_dgrad else None,
-            (out_features, in_features) if own_dw else None))
-        db = torch.empty(out_features, dtype=bias_dtype, device=device) if want_db else None
+    dx, dw, db = _fp8_grads(plan, dy.device, dtype, bias_dtype, main_grad)
     out = main_grad if main_grad is not None else dw
     scratch = call_scratch(nc, plan.backward_scratch_bytes)
     if kept is not None:  # the forward's operands in its kept buffer (W's as given if not there)
@@ -126,6 +132,25 @@ def fp8_backward(nc, plan, dy, saved, dtype, bias_dtype, main_grad, update):
                   1.0 if main_grad is not None else 0.0, db.data_ptr() if db is not None else 0,
                   nc.env, update)
     return dx, dw, db
+
+
+def fp8_backward_fp8_grad(nc, plan, dyq, dyq_t, dy_sinv, saved, dtype, main_grad, update):
+    """(dx, dw) of an FP8 step whose output gradient is already in FP8 (dyq, its transpose dyq_t
+    when the plan makes dw, scale_inv dy_sinv: cast by the kernel that made it) through
+    plan.backward_fp8_grad: dgrad, then wgrad, then update (or None). saved: (xq_t, x_sinv, wq_t,
+    w_sinv) as tensors; dx, dw and main_grad as in fp8_backward. The plan is made without a
+    bias gradient (dbias_dtype None)."""
+    xq_t, x_sinv, wq_t, w_sinv = saved
+    dx, dw, _ = _fp8_grads(plan, dyq.device, dtype, None, main_grad)
+    out = main_grad if main_grad is not None else dw
+    plan.backward_fp8_grad(
+        dyq.data_ptr(), dyq_t.data_ptr() if dyq_t is not None else 0, dy_sinv.data_ptr(),
+        xq_t.data_ptr() if xq_t is not None else 0, x_sinv.data_ptr() if x_sinv is not None else 0,
+        wq_t.data_ptr() if wq_t is not None else 0, w_sinv.data_ptr() if w_sinv is not None else 0,
+        dx.data_ptr() if dx is not None else 0, out.data_ptr() if out is not None else 0,
+        _CODE[out.dtype] if out is not None else 0, 1.0 if main_grad is not None else 0.0,
+        nc.env, update)
+    return dx, dw
 
 
 def hp_forward(nc, x2d, w, bias, residual, dtype):

@@ -89,7 +89,7 @@ class TransformerEngineBaseModule(DelayedWeightGrad, torch.nn.Module):
         return meta
 
     def _remember_device(self, device: torch.device) -> None:
-        if device.type == "cuda":
+        if device.type in ("cuda", "cpu"):
             q._flavor(device)  # cache the FP8 flavour now, outside any compiled region
 
     def __call__(self, *args, **kwargs):

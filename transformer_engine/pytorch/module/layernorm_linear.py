@@ -2,7 +2,9 @@
 
 FP8 with delayed scaling: the norm kernel writes FP8 directly (its output never exists in high
 precision) and a 1-byte transpose feeds wgrad; current scaling normalises in high precision,
-then casts and transposes in one pass. Backward: dgrad GEMM, then the norm backward."""
+then casts and transposes in one pass. Backward: dgrad GEMM, then the norm backward; in eager mode
+on the native core the cast of the output gradient and both GEMMs run as one call of the Linear
+step's plan (module_parts/fp8_step_backward.py)."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -13,7 +15,8 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, cast_grad, record_amax
 from ..library.normalization import norm_backward, norm_fp8, norm_hp
-from ..module_parts import blockwise as _blockwise, parallel as _parallel, wgrad as _wgrad
+from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
+                           parallel as _parallel, wgrad as _wgrad)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
@@ -81,6 +84,8 @@ class _LayerNormLinearFn(torch.autograd.Function):
         if fp8:
             wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
             gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
+            # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
+            # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
             y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in_t, ln_sinv, wq_t, w_sinv)
         else:
@@ -119,7 +124,14 @@ class _LayerNormLinearFn(torch.autograd.Function):
         fuse = module.fuse_wgrad_accumulation
         # dgrad first: its tensor-parallel reduction (pending) then runs under the wgrad GEMM
         pending = None
-        if ctx.fp8:
+        nc = _fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute) if ctx.fp8 else None
+        if nc is not None:  # cast of dy (+ bias gradient), dgrad, wgrad: one native call
+            dln, dw, db = _fp8_step.fp8_backward(
+                "LayerNormLinear", nc, fi, dy, (ln_saved, ln_sinv, w_saved, w_sinv),
+                (out_features, in_features), ctx.dtype, db_dtype, ctx.need_dgrad, ctx.need_wgrad,
+                ctx.weight, fuse, True)
+            pending = ctx.tp.start_reduce_grad(dln) if ctx.need_dgrad else None
+        elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
             if ctx.need_dgrad:
                 dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)

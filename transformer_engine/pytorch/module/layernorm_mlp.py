@@ -7,8 +7,9 @@ with bias. Backward: dy cast+transposed with FC2's bias gradient in one pass, FC
 one kernel for dact + FC1's bias gradient + FP8 cast + transpose (delayed scaling), FC1
 dgrad/wgrad, norm backward. High precision GELU runs FC1 with the GELU epilogue (its aux output
 is the saved pre-activation). On the native core in eager mode these run as the unchecked calls
-of kernels/<family>.py; the checked ops serve torch.compile, checkpoint recompute and the
-reference."""
+of kernels/<family>.py, each GEMM's FP8 backward as one call of the Linear step's plan
+(module_parts/fp8_step_backward.py); the checked ops serve torch.compile, checkpoint recompute
+and the reference."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -24,7 +25,8 @@ from ..library.activation import (act_cast_transpose, activation_fp8, bias_grad_
                                   dact_cast_transpose, dbias_dactivation_fp8)
 from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scale, transposed
 from ..library.normalization import norm_backward
-from ..module_parts import blockwise as _blockwise, parallel as _parallel, wgrad as _wgrad
+from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
+                           parallel as _parallel, wgrad as _wgrad)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
@@ -209,7 +211,26 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # the dgrad chain first (FC2 dgrad, activation, FC1 dgrad): FC1's input gradient then
         # travels over the tensor-parallel group (pending) while both wgrad GEMMs run
         pending = None
-        if ctx.fp8:
+        # w2_t is None only when every gradient but the biases' is off (the forward casts FC2's
+        # transpose for any other backward): the checked ops take that case
+        nc = (_fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute)
+              if ctx.fp8 and w2_t is not None else None)
+        if nc is not None:
+            # each GEMM's casts and GEMMs in one native call of the Linear step's plan: FC2 casts
+            # dy (+ FC2's bias gradient), then its dgrad and wgrad; the activation's backward
+            # casts dh (+ FC1's bias gradient); FC1's dgrad and wgrad then take dh as it is, and
+            # the step's update, which must follow dh's cast (its amax), rides that last call.
+            # No tensor-parallel reduction waits on this path (plan_call), so FC2's wgrad may
+            # run before FC1's dgrad: the GEMMs write separate outputs, the bits do not change
+            da, dw2, db2 = _fp8_step.fp8_backward(
+                "LayerNormMLP", nc, fi, dy, (a_t, a_sinv, w2_t, w2_sinv), w2_shape, dtype,
+                db2_dtype, True, need["w2"], ctx.weights[1], fuse, False)
+            dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
+            dln, dw1 = _fp8_step.fp8_backward_fp8_grad(
+                "LayerNormMLP", nc, fi, (dhq, dhq_t, dh_sinv), (ln_t, ln_sinv, w1_t, w1_sinv),
+                w1_shape, dtype, need["dgrad"], need["w1"], ctx.weights[0], fuse, True)
+            pending = ctx.tp.start_reduce_grad(dln) if need["dgrad"] else None
+        elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
             da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])

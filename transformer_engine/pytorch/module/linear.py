@@ -17,8 +17,9 @@ from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
 from ..tensor import Float8Tensor
-from ..module_parts import (blockwise as _blockwise, original_input as _original_input,
-                           parallel as _parallel, wgrad as _wgrad)
+from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
+                           original_input as _original_input, parallel as _parallel,
+                           wgrad as _wgrad)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
 from ..module_parts.sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
@@ -248,27 +249,19 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
     plan = ctx.plan
     if plan is None:  # a checked forward (checkpoint recompute) saved tensors
         xq_t, x_sinv, wq_t, w_sinv = saved
-        rs = ctx.fi.rs
-        wq_dtype = wq_t.dtype if wq_t is not None else rs.fwd_dtype
         db_dtype = ctx.bias_dtype if ctx.has_bias_grad and ctx.need_wgrad else None
-        plan = linear_step.fp8_plan(nc, rs, (dy.shape[0], in_features, out_features, ctx.dtype,
-                                             wq_dtype, wq_dtype, False, ctx.need_dgrad,
-                                             ctx.need_wgrad, db_dtype))
+        plan = _fp8_step.given_operands_plan(nc, ctx.fi.rs, dy.shape[0], in_features,
+                                             out_features, ctx.dtype, wq_t, ctx.need_dgrad,
+                                             ctx.need_wgrad, db_dtype)
         operands = (None, xq_t, x_sinv, wq_t, w_sinv)
     else:
         kept, _, wq_t, w_sinv = saved
         operands = (kept, None, None, wq_t, w_sinv)
     main_grad = None
     if ctx.need_wgrad and ctx.fuse:  # accumulate into the fp32 main_grad
-        main_grad = _gemms.wgrad_out(ctx.weight, True)[0]
-        if main_grad.shape != (out_features, in_features) or not main_grad.is_contiguous():
-            raise ValueError(f"Linear: weight.main_grad has shape {tuple(main_grad.shape)} "
-                             f"(contiguous: {main_grad.is_contiguous()}); expected a contiguous "
-                             f"[{out_features}, {in_features}] tensor to accumulate into")
-    step = ctx.fi.step
-    final = step.take_final_update() if step is not None else None
+        main_grad = _fp8_step.main_grad_of("Linear", ctx.weight, out_features, in_features)
     return linear_step.fp8_backward(nc, plan, dy, operands, ctx.dtype, ctx.bias_dtype, main_grad,
-                                    final)
+                                    _fp8_step.final_update(ctx.fi, True))
 
 
 def _split_names(parameters_split, out_features):
