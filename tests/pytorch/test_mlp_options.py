@@ -77,3 +77,40 @@ def test_bad_options():
     with pytest.raises(ValueError, match="LayerNormMLP: activation_params limit=-1.0"):
         te.LayerNormMLP(32, 64, activation="clamped_swiglu", activation_params={"limit": -1.0},
                         device="cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+@pytest.mark.parametrize("trainable", ["fc1_bias", "fc2_bias", "both_biases", "layer_norm_bias"])
+def test_partly_frozen_backward_matches_full(device, recipe, trainable):
+    """Only some parameters train (the weights and the input frozen): the backward runs without
+    the gradients nobody asked for and gives the trainable ones what the full backward gives
+    them (FC1's bias gradient still needs FC2's dgrad; the norm's bias, the whole chain)."""
+    dtype = torch.bfloat16
+    names = {"fc1_bias": ["fc1_bias"], "fc2_bias": ["fc2_bias"],
+             "both_biases": ["fc1_bias", "fc2_bias"], "layer_norm_bias": ["layer_norm_bias"]}[trainable]
+    torch.manual_seed(3)
+    full = te.LayerNormMLP(32, 64, params_dtype=dtype, device=device)
+    part = te.LayerNormMLP(32, 64, params_dtype=dtype, device=device)
+    part.load_state_dict(full.state_dict())
+    with torch.no_grad():
+        for m in (full, part):  # non-zero biases, so that each shapes the result
+            for n in ("fc1_bias", "fc2_bias", "layer_norm_bias"):
+                getattr(m, n).copy_(randn(getattr(m, n).shape, dtype, device, seed=len(n)))
+    for n, p in part.named_parameters():
+        p.requires_grad_(n in names)
+    x = randn((48, 32), dtype, device, seed=5, scale=2.0)
+    g = randn((48, 32), dtype, device, seed=6)
+    for step, m in enumerate((full, part)):
+        with autocast(recipe):
+            y = m(x.clone().requires_grad_(m is full))
+        y.backward(g)
+    for n in names:
+        got, want = getattr(part, n).grad, getattr(full, n).grad
+        assert got is not None, n
+        # the same kernels up to how the bias gradient is summed (with or without the cast's
+        # transpose): within the dtype's rounding
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2, msg=n)
+    for n, p in part.named_parameters():
+        if n not in names:
+            assert p.grad is None, n

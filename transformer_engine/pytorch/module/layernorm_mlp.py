@@ -89,8 +89,8 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
-    # FC2's transposed weight serves the backward's FC2 dgrad, which any backward runs
-    w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, any(need.values()), is_first_microbatch)
+    # FC2's transposed weight serves the backward's FC2 dgrad
+    w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, need["fc1"], is_first_microbatch)
     y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
@@ -170,7 +170,12 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # a traced graph cannot ask, and keeps what a backward needs)
         training = torch.compiler.is_compiling() or not torch.is_inference_mode_enabled()
         need = {"w1": training and w1.requires_grad, "w2": training and w2.requires_grad,
-                "dgrad": training and (inp.requires_grad or ln_weight.requires_grad)}
+                "dgrad": training and (inp.requires_grad or ln_weight.requires_grad
+                                       or (ln_bias is not None and ln_bias.requires_grad))}
+        # "fc1": the backward goes through FC2's dgrad and the activation's backward, which any
+        # gradient below FC2 needs, FC1's bias gradient alone included
+        need["fc1"] = need["w1"] or need["dgrad"] or (training and b1 is not None
+                                                      and b1.requires_grad)
         tp = module.norm_tp()
         tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0
@@ -211,10 +216,11 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # the dgrad chain first (FC2 dgrad, activation, FC1 dgrad): FC1's input gradient then
         # travels over the tensor-parallel group (pending) while both wgrad GEMMs run
         pending = None
-        # w2_t is None only when every gradient but the biases' is off (the forward casts FC2's
-        # transpose for any other backward): the checked ops take that case
+        db1 = None
+        # without a gradient below FC2 (need["fc1"] False) only FC2's weight and bias gradients
+        # are made, on the checked ops, and FC2's transposed weight was never cast
         nc = (_fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute)
-              if ctx.fp8 and w2_t is not None else None)
+              if ctx.fp8 and need["fc1"] else None)
         if nc is not None:
             # each GEMM's casts and GEMMs in one native call of the Linear step's plan: FC2 casts
             # dy (+ FC2's bias gradient), then its dgrad and wgrad; the activation's backward
@@ -232,8 +238,9 @@ class _LayerNormMLPFn(torch.autograd.Function):
             pending = ctx.tp.start_reduce_grad(dln) if need["dgrad"] else None
         elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
-            da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
-            dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
+            if need["fc1"]:
+                da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
+                dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
                 pending = ctx.tp.start_reduce_grad(dln)
@@ -246,8 +253,11 @@ class _LayerNormMLPFn(torch.autograd.Function):
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
-            dh, db1 = _dact(module, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad, dtype)
-            if fi.calibrating:
+            dh = None
+            if need["fc1"]:
+                dh, db1 = _dact(module, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad,
+                                dtype)
+            if fi.calibrating and dh is not None:
                 record_amax(fi.rs, dh, False, 1)
             if need["dgrad"]:
                 dln = _gemms.dgrad_hp(w1_t, dh)
