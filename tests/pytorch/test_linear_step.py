@@ -14,7 +14,6 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch import kernels, native, quantization
 from transformer_engine.pytorch.kernels import eager, linear_step
 from transformer_engine.pytorch.kernels.cast import fp8_max_of
-from transformer_engine.pytorch.module import layernorm_mlp
 from utils import DEVICES, randn
 
 C = native.DTYPE_CODE
@@ -260,7 +259,9 @@ def test_norm_module_fp8_steps_match_checked_ops(monkeypatch, device, delayed, k
     give the checked ops' bits, step after step: outputs, input, weight (or main_grad) and norm
     gradients, scales and histories (the step's delayed update riding the last call). fp32
     parameters under bf16 inputs: biases and their gradients of another dtype than the compute
-    dtype. Bias gradients: fp32 column sums in another order, the last bit may differ."""
+    dtype. Gated activations under delayed scaling too: the checked path casts dh with the fused
+    kernel's checked op. Bias gradients: fp32 column sums in another order, the last bit may
+    differ."""
     mod = _native_or_skip(device)
     r = (recipe.DelayedScaling(amax_history_len=3) if delayed else recipe.Float8CurrentScaling())
     mods = [_norm_module(kind, device, variant, seed=7) for _ in range(2)]
@@ -272,11 +273,6 @@ def test_norm_module_fp8_steps_match_checked_ops(monkeypatch, device, delayed, k
         calls.append(args[2])
         return real_plan(*args)
 
-    if delayed and kind == "LayerNormMLP_swiglu":
-        # the fused kernel of a gated activation's backward (dact, cast and transpose of dh in one
-        # pass) does not give the checked ops' dh bits, with or without the plan: both runs take
-        # the unfused activation backward and cast, so that what is compared is the plan
-        monkeypatch.setattr(layernorm_mlp, "dact_cast_transpose", lambda *a: None)
     for step in range(3):
         x = randn((TOKENS, H), BF16, device, seed=10 + step, scale=1.5 + step)
         dy = randn((TOKENS, width), BF16, device, seed=20 + step)

@@ -117,6 +117,17 @@ def dbias_dactivation(grad, x, name, fp8_dtype=None, scale=None, amax=None):
     return dx, dbias
 
 
+def dact_dbias_cast_transpose(grad, x, name, fp8_dtype, scale, amax, dbias_dtype=None):
+    """(dx in FP8, its transpose, dbias or None, scale_inv) in one kernel with a known scale: the
+    eager path's fused kernel, checked (delayed scaling, its one user, is refused under
+    torch.compile, so this form is eager only)."""
+    if _is_compiling():
+        raise RuntimeError("dact_dbias_cast_transpose: eager only (delayed scaling)")
+    return kernels.dact_dbias_cast_transpose(grad, x, name, scale, fp8_dtype, amax=amax,
+                                             with_dbias=dbias_dtype is not None,
+                                             dbias_dtype=dbias_dtype)
+
+
 def dbias(grad, dbias_dtype=None):
     """grad's column sums (a linear layer's bias gradient) in dbias_dtype (default grad.dtype)."""
     if not _is_compiling():

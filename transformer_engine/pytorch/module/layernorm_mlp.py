@@ -149,6 +149,13 @@ def _dact_fp8(ctx, da, h, need_transpose):
         dhq, db1, dh_sinv = dbias_dactivation_fp8(da, h, act, rs.bwd_dtype, scale, amax)
         dhq_t = transposed(dhq) if need_transpose else None
         return dhq, dhq_t, dh_sinv, (db1 if ctx.b1_grad else None)
+    if rs.delayed and need_transpose and act != CLAMPED_SWIGLU and da.is_contiguous():
+        # the eager path's fused kernel, checked: dh cast to FP8 from fp32 as the eager path
+        # does (a bf16 dh then cast would round twice and give other bits)
+        scale, amax = cast_scale(rs, None, False, 1, None)
+        dhq, dhq_t, db1, dh_sinv = K.dact_dbias_cast_transpose(
+            da, h, act, rs.bwd_dtype, scale, amax, h.dtype if ctx.b1_grad else None)
+        return dhq, dhq_t, dh_sinv, db1
     dh, db1 = _dact(ctx.module, da, h, ctx.b1_grad, ctx.dtype)
     dhq, dhq_t, dh_sinv = cast(rs, dh, False, 1, need_transpose)
     return dhq, dhq_t, dh_sinv, db1
