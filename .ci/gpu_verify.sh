@@ -7,7 +7,7 @@
 #   PYTEST_ARGS="tests/pytorch/test_quantize.py" BENCHES="benchmarks/bench_quantize.py" bash .ci/gpu_verify.sh
 #   SKIP_PIP=1 ...   build in place with build_tools only (faster; no pip install check)
 #   SKIP_BUILD=1 ... use the package an earlier run installed on this machine
-#   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below)
+#   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below); SANITIZE_TOOLS="initcheck ..." picks tools
 #   XDIST=N ...      N pytest-xdist workers spread over the visible GPUs (tests/gpu_spread.py),
 #                    each result named as it lands (-v); needs pytest-xdist; not for tests/distributed
 #   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
@@ -94,7 +94,7 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 SANITIZE_PYTEST=${SANITIZE_PYTEST:-tests/pytorch/test_attention_kernels.py -k "portable and (bshd_causal_d128 or sbhd_causal_br_gqa or bshd_nomask_tiles_gqa_d128)"}
 if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -x "$SANITIZER" ]; then
   rm -f "$OUT"/sanitize_*.log
-  tools="memcheck racecheck synccheck initcheck"
+  tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
   if [ -x build/cpp/te_cpp_tests ]; then
     for tool in $tools; do step "san-$tool-cpp" sanitize $tool cpp ./build/cpp/te_cpp_tests ${CPP_FILTER:-}; done
   fi

@@ -20,11 +20,15 @@ template <typename T>
 struct DeviceBuffer {
   T* ptr = nullptr;
   size_t n = 0;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    if (count) cudaMalloc(&ptr, count * sizeof(T));
-  }
-  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  // A buffer made by size starts with every bit set (NaN in fp32, fp16, bf16 and OCP FP8):
+  // an element an op should write and does not then fails its comparison, an op that needs a
+  // zeroed buffer fails unless the test zeroes it, and no test downloads undefined bytes
+  // (compute-sanitizer's initcheck would report each one).
+  explicit DeviceBuffer(size_t count) : DeviceBuffer(count, 0xff) {}
+  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size(), -1) { upload(host); }
   ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void upload(const std::vector<T>& host) {
     if (n) cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
   }
@@ -35,6 +39,12 @@ struct DeviceBuffer {
   }
   void fill_bytes(int byte) {
     if (n) cudaMemset(ptr, byte, n * sizeof(T));
+  }
+
+ private:
+  DeviceBuffer(size_t count, int byte) : n(count) {
+    if (count) cudaMalloc(&ptr, count * sizeof(T));
+    if (byte >= 0) fill_bytes(byte);
   }
 };
 
