@@ -96,35 +96,14 @@ ATTN_SHAPES = [(4, 2048, 16, 128), (4, 4096, 32, 128), (1, 16384, 32, 128)]  # b
 
 
 @contextlib.contextmanager
-def _custom_calls(value):
-    """NVTE_JAX_CUSTOM_CALLS=value while a step is traced (the primitives read it then)."""
-    saved = os.environ.get("NVTE_JAX_CUSTOM_CALLS")
-    os.environ["NVTE_JAX_CUSTOM_CALLS"] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("NVTE_JAX_CUSTOM_CALLS")
-        else:
-            os.environ["NVTE_JAX_CUSTOM_CALLS"] = saved
-
-
-@contextlib.contextmanager
 def _forced(backend):
     """The attention switches forcing `backend` (None: the defaults) for the block."""
     from transformer_engine.jax.primitives import attention_selection
-    saved = {var: os.environ.get(var) for var in _SWITCHES.values()}
-    if backend is not None:
-        os.environ.update({var: "1" if name == backend else "0" for name, var in _SWITCHES.items()})
-    attention_selection.clear_backend_cache()
-    try:
+    values = ({} if backend is None else
+              {var: "1" if name == backend else "0" for name, var in _SWITCHES.items()})
+    with common.env_vars(values):
+        attention_selection.clear_backend_cache()
         yield attention_selection
-    finally:
-        for var, val in saved.items():
-            if val is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = val
 
 
 def _compiled_with(backend, fn, *args):
@@ -220,7 +199,6 @@ def main():
                                         self_attn_mask_type="causal", dtype=BF16)
     cases.append(("TransformerLayer", FlaxLayer(h2, i2, heads2), te_layer, x2))
     rows = []
-    variants = args.variants
     for label, flax_model, te_model, inp in cases:
         if not common.selected(label, args.filter):
             continue
@@ -230,9 +208,9 @@ def main():
         rows.append({"case": label, "shape": "x".join(map(str, inp.shape)),
                      "flax_bf16_ms": base, "te_bf16_ms": te_bf16, "te_fp8_ms": te_fp8,
                      "speedup_bf16": base / te_bf16, "speedup_fp8": base / te_fp8})
-        if variants and label == "TransformerLayer":
+        if args.variants and label == "TransformerLayer":
             for off in ("-gemm", "-layernorm", "-attention", "0"):
-                with _custom_calls(off):
+                with common.env_vars({"NVTE_JAX_CUSTOM_CALLS": off}):
                     ms = step_ms(te_model, inp, None, reps)
                 rows[-1][f"te_bf16_custom_calls[{off}]_ms"] = ms
                 print(f"  {label} bf16 NVTE_JAX_CUSTOM_CALLS={off}: {ms:.3f} ms "

@@ -3,12 +3,30 @@ runs do not measure the cache), the device's measured copy bandwidth, and JSON r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
 import re
 import statistics
 
 import torch
+
+
+@contextlib.contextmanager
+def env_vars(values: dict):
+    """os.environ updated with `values` for the block, every variable restored (or removed) after
+    it: the library reads its switches at call or trace time."""
+    saved = {var: os.environ.get(var) for var in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for var, val in saved.items():
+            if val is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = val
 
 
 def parse_args(description: str, flags: dict | None = None) -> argparse.Namespace:

@@ -12,9 +12,7 @@ group 'order': the NVIDIA rule that orders sdpa and portable where cuDNN is abse
   padding, sliding window and bottom-right causal with sq != skv (SDPA needs one). The ratios
   te_sdpa_*_vs_te_portable belong in that rule's comment.
 """
-import contextlib
 import math
-import os
 
 import torch
 
@@ -26,18 +24,9 @@ _SWITCHES = {"cudnn": "NVTE_FUSED_ATTN", "portable": "NVTE_FLASH_ATTN", "sdpa": 
              "unfused": "NVTE_UNFUSED_ATTN"}
 
 
-@contextlib.contextmanager
 def forced(backend):
-    saved = {var: os.environ.get(var) for var in _SWITCHES.values()}
-    os.environ.update({var: "1" if name == backend else "0" for name, var in _SWITCHES.items()})
-    try:
-        yield
-    finally:
-        for var, val in saved.items():
-            if val is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = val
+    """The four attention switches forcing `backend` for the block."""
+    return common.env_vars({var: "1" if name == backend else "0" for name, var in _SWITCHES.items()})
 
 
 def _make(shape, sk, i):
