@@ -20,8 +20,10 @@ from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_s
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
-from ..module_parts.sequence_parallel_fp8 import (arrived, fp8_amax_group, fp8_gather_applies,
-                                                 start_fp8_gather)
+from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
+                                        start_gather_rows)
+from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_amax_group,
+                                                 fp8_gather_applies, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .linear import _split_names, split_weight_and_bias
@@ -31,9 +33,10 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
     """The norm step of LayerNormLinear / LayerNormMLP with its tensor-parallel gather (see
     _parallel.NormTP): (norm output on this rank's rows [high precision, or None when it was
     written straight to FP8], GEMM input [FP8 data or high precision, all rows], its FP8
-    transpose or None, its scale_inv or None, mu, rsigma). An FP8 gather is left in flight:
-    the GEMM input is then a PendingFP8Rows (and the transpose None) that the caller passes
-    through `arrived` once it has cast its weight."""
+    transpose or None, its scale_inv or None, mu, rsigma). A sequence-parallel gather is left
+    in flight: the GEMM input is then a PendingFP8Rows or PendingRows (and the transpose None),
+    which the caller hands to gather_gemm.gemm_over_gather (its GEMM starts on this rank's rows)
+    or passes through `arrived`."""
     norm, eps, zcg = module.normalization, module.eps, module.zero_centered_gamma
     if fp8 and not tp.gather:
         ln_out, q, q_t, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0,
@@ -49,6 +52,9 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
         pending = start_fp8_gather(q, tp, need_transpose, async_op=True)
         return ln_out, pending, None, sinv, mu, rsigma
     res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
+    if not fp8 and tp.gather and not torch.compiler.is_compiling():
+        # left in flight: the caller's GEMM starts on this rank's rows (gather_gemm.py)
+        return res.out, start_gather_rows(res.out, tp), None, None, res.mu, res.rsigma
     full = tp.gather_rows(res.out)
     if not fp8:
         return res.out, full, None, None, res.mu, res.rsigma
@@ -83,17 +89,28 @@ class _LayerNormLinearFn(torch.autograd.Function):
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
             wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
-            gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
             # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
             # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
-            y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
+            if isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in):
+                # the gather hides under this rank's block (gather_gemm.py)
+                y = x2d.new_empty((tokens, out_features))
+                gemm_in, gemm_in_t = gemm_over_gather(gemm_in, (y,), lambda rows, o: _gemms.fprop_fp8(
+                    wq, w_sinv, rows, ln_sinv, dtype, bias, out=o[0]))
+            else:
+                gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
+                y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in_t, ln_sinv, wq_t, w_sinv)
         else:
             w = hp_weight(weight, dtype)
+            if isinstance(gemm_in, PendingRows):  # its gather hides under this rank's block
+                y = x2d.new_empty((tokens, out_features))
+                gemm_in = gemm_over_gather(gemm_in, (y,), lambda rows, o: _gemms.fprop_hp(
+                    w, rows, bias, out=o[0]))
+            else:
+                y = _gemms.fprop_hp(w, gemm_in, bias)
             if fi.calibrating:
                 record_amax(fi.rs, gemm_in, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            y = _gemms.fprop_hp(w, gemm_in, bias)
             ctx.save_for_backward(x2d, mu, rsigma, g, gemm_in, None, w, None)
         ctx.tp = tp
         ctx.fp8, ctx.fi, ctx.dtype, ctx.module = fp8, fi, dtype, module

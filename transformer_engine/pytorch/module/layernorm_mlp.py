@@ -30,7 +30,8 @@ from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_s
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
-from ..module_parts.sequence_parallel_fp8 import arrived
+from ..module_parts.gather_gemm import PendingRows, fp8_blocks_fit, gemm_over_gather
+from ..module_parts.sequence_parallel_fp8 import PendingFP8Rows, arrived
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .layernorm_linear import norm_for_gemm
@@ -80,8 +81,15 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
-    lnq, lnq_t = arrived(lnq, lnq_t)  # a sequence-parallel FP8 gather ran during FC1's cast
-    h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
+    if isinstance(lnq, PendingFP8Rows) and fp8_blocks_fit(lnq):
+        # a sequence-parallel FP8 gather ran during FC1's cast and goes on under this rank's
+        # block of FC1 (gather_gemm.py)
+        h = torch.empty((lnq.data.shape[0], w1q.shape[0]), dtype=dtype, device=x2d.device)
+        lnq, lnq_t = gemm_over_gather(lnq, (h,), lambda rows, o: _gemms.fprop_fp8(
+            w1q, w1_sinv, rows, ln_sinv, dtype, b1, out=o[0]))
+    else:
+        lnq, lnq_t = arrived(lnq, lnq_t)
+        h = _gemms.fprop_fp8(w1q, w1_sinv, lnq, ln_sinv, dtype, b1).out
     # activation, FP8 cast and FC2-wgrad transpose in one pass where the eager path serves it
     fused = act_cast_transpose(fi, h, act, 2) if need["w2"] else None
     if fused is not None:
@@ -100,7 +108,14 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
     act = module.activation
     ln_out, ln_full, _, _, mu, rsigma = norm_for_gemm(module, x2d, g, b, fi, False, False, True, tp)
     w1, w2 = hp_weight(w1, dtype), hp_weight(w2, dtype)
-    if act == "gelu":
+    if isinstance(ln_full, PendingRows):
+        # the sequence-parallel gather goes on under this rank's block of FC1 (gather_gemm.py);
+        # the blocks write one buffer, so the activation runs after them, not in the epilogue
+        h = torch.empty((ln_full.data.shape[0], w1.shape[0]), dtype=dtype, device=x2d.device)
+        ln_full = gemm_over_gather(ln_full, (h,), lambda rows, o: _gemms.fprop_hp(
+            w1, rows, b1, out=o[0]))
+        a = _act_forward(module, h)
+    elif act == "gelu":
         r = K.general_gemm(w1, ln_full, layout="TN", bias=b1, gelu=True)
         a, h = r.out, r.gelu_input
     else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..collectives import all_gather_bytes_first_dim
+from ..collectives import all_gather_bytes_first_dim, get_distributed_rank
 from ..library.cast import transposed
 
 
@@ -58,11 +58,13 @@ def fp8_amax_group(fi, tp):
 
 class PendingFP8Rows:
     """An FP8 all-gather in flight (async_op): `wait()` returns (gathered data, its transpose
-    or None), the transpose made once the bytes are here."""
-    __slots__ = ("data", "handle", "need_transpose")
+    or None), the transpose made once the bytes are here. `local` (this rank's rows) and `rank`
+    let a GEMM start on those rows before the others land (see gather_gemm.py)."""
+    __slots__ = ("data", "handle", "need_transpose", "local", "rank")
 
-    def __init__(self, data, handle, need_transpose):
+    def __init__(self, data, handle, need_transpose, local=None, rank=0):
         self.data, self.handle, self.need_transpose = data, handle, need_transpose
+        self.local, self.rank = local, rank
 
     def wait(self):
         if self.handle is not None:
@@ -79,7 +81,8 @@ def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
     weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
     for the collective's stream, with no host synchronisation)."""
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
-    return PendingFP8Rows(out.view(local.dtype), handle, need_transpose)
+    return PendingFP8Rows(out.view(local.dtype), handle, need_transpose, local,
+                          get_distributed_rank(tp.group))
 
 
 def arrived(data, data_t):
