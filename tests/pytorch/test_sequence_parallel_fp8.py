@@ -265,13 +265,13 @@ def test_sequence_parallel_gather_moves_fp8_bytes_two_ranks_gloo():
 
 
 def _body_rank_blocks(rank, world, group):
-    # 32 rows on each rank, a multiple of 16: LayerNormLinear / LayerNormMLP then run their FP8
+    # 32 rows on each rank, a multiple of 16: the column-parallel modules then run their FP8
     # GEMM on this rank's rows while the others' are gathered, and on those once they land
     # (module_parts/gather_gemm.py); the 24-row runs above await the whole gather instead
     global BATCH
     BATCH = 4
     torch.manual_seed(0)
-    for kind in ("layernorm_linear", "layernorm_mlp"):
+    for kind in KINDS:
         for name in RECIPES:
             _check_against_unsplit(kind, name, group, rank, world)
 

@@ -20,6 +20,7 @@ from ..tensor import Float8Tensor
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            original_input as _original_input, parallel as _parallel,
                            wgrad as _wgrad)
+from ..module_parts.gather_gemm import fp8_blocks_fit, gemm_over_gather
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
 from ..module_parts.sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
@@ -82,8 +83,13 @@ class _LinearFn(torch.autograd.Function):
                 pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                               is_first_microbatch)
-                xq, xq_t = pending.wait()
-                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
+                if fp8_blocks_fit(pending):  # the gather goes on under this rank's block
+                    y = x2d.new_empty((tokens, out_features))
+                    xq, xq_t = gemm_over_gather(pending, (y,), lambda rows, o: _gemms.fprop_fp8(
+                        wq, w_sinv, rows, x_sinv, dtype, bias, out=o[0]))
+                else:
+                    xq, xq_t = pending.wait()
+                    y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
             else:
                 xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad and not keep_input,

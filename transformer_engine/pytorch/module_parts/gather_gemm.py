@@ -1,6 +1,6 @@
 """A column-parallel GEMM over rows that the sequence-parallel all-gather is still bringing.
 
-With sequence parallelism LayerNormLinear and LayerNormMLP gather the norm output's rows from
+With sequence parallelism the column-parallel modules gather their GEMM input's rows from
 every rank before their first GEMM. Rather than waiting for the gather, the GEMM runs on the rows
 this rank already holds while the collective is in flight (NCCL runs it on its own stream), then
 on the other ranks' rows once they land; each block writes its rows of the one output buffer in
