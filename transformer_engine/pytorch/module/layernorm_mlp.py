@@ -30,7 +30,8 @@ from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_s
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
-from ..module_parts.gather_gemm import PendingRows, fp8_blocks_fit, gemm_over_gather
+from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
+                                        gemm_reduce_scatter, start_gather_rows)
 from ..module_parts.sequence_parallel_fp8 import PendingFP8Rows, arrived
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
@@ -99,7 +100,11 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         aq_t = transposed(aq) if need["w2"] else None
     # FC2's transposed weight serves the backward's FC2 dgrad
     w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, need["fc1"], is_first_microbatch)
-    y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
+    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py)
+        y = gemm_reduce_scatter(aq, tp, w2q.shape[0], dtype, lambda rows, o: _gemms.fprop_fp8(
+            w2q, w2_sinv, rows, a_sinv, dtype, None, out=o), block_multiple=16)
+    else:
+        y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
     return y, ln_out, saved
 
@@ -124,7 +129,11 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
     if fi.calibrating:
         for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
-    y = _gemms.fprop_hp(w2, a, b2, addend=residual)
+    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py)
+        y = gemm_reduce_scatter(a, tp, w2.shape[0], dtype, lambda rows, o: _gemms.fprop_hp(
+            w2, rows, None, out=o))
+    else:
+        y = _gemms.fprop_hp(w2, a, b2, addend=residual)
     saved = (x2d, mu, rsigma, g, ln_full, None, w1, None, h, a, None, w2, None)
     return y, ln_out, saved
 
@@ -232,6 +241,17 @@ class _LayerNormMLPFn(torch.autograd.Function):
         (x2d, mu, rsigma, g, ln_t, ln_sinv, w1_t, w1_sinv, h, a_t, a_sinv, w2_t, w2_sinv) = ctx.saved_tensors
         dy = grad_out.reshape(-1, w2_shape[0])
         dy = (dy if dy.dtype == dtype else dy.to(dtype)).contiguous()
+        da = None
+        if ctx.tp.gather:
+            # sequence parallel: this rank's rows of the output gradient; FC2 needs all of them.
+            # High precision: FC2's dgrad starts on this rank's rows while the others arrive
+            if ctx.fp8:
+                dy = ctx.tp.gather_rows(dy)
+            else:
+                pending = start_gather_rows(dy, ctx.tp)
+                da = dy.new_empty((dy.shape[0] * ctx.tp.size, w2_shape[1]))
+                dy = gemm_over_gather(pending, (da,), lambda rows, o: _gemms.dgrad_hp(
+                    w2_t, rows, out=o[0]))
         db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
         db2 = None
         dw1 = dw2 = dln = None
@@ -277,8 +297,9 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 record_amax(fi.rs, dy, False, 0)
             dh = None
             if need["fc1"]:
-                dh, db1 = _dact(module, _fc2_dgrad(ctx, w2_t, None, dy, None), h, ctx.b1_grad,
-                                dtype)
+                if da is None:
+                    da = _fc2_dgrad(ctx, w2_t, None, dy, None)
+                dh, db1 = _dact(module, da, h, ctx.b1_grad, dtype)
             if fi.calibrating and dh is not None:
                 record_amax(fi.rs, dh, False, 1)
             if need["dgrad"]:
@@ -546,6 +567,9 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if recipe is not None:  # Float8BlockScaling: its own GEMMs (see module_parts/blockwise.py)
             y, ln_out = _blockwise.layernorm_mlp(self, recipe, inp, self.activation_dtype(inp))
             y = inp + y if fused else y
+            if self.set_parallel_mode and self.tp_size > 1 and self.sequence_parallel:
+                # the native Function reduce-scatters its own output; this path's comes whole
+                y = _parallel.row_output(y, self.tp_group, self.tp_size, True)
             return (y, ln_out.view(inp.shape)) if self.return_layernorm_output else y
         parallel = self.set_parallel_mode and self.tp_size > 1
         b2 = self.fc2_bias if not (self.return_bias or parallel) else None
@@ -595,7 +619,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if self.return_layernorm_output:
             out, ln_out = out
         if parallel:
-            out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if not self.sequence_parallel:  # with it, the call above reduce-scattered already
+                out = _parallel.row_output(out, self.tp_group, self.tp_size, False)
             if self.fc2_bias is not None and not self.return_bias:
                 out = out + self.fc2_bias.to(out.dtype)
         if self.return_bias:

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..collectives import get_distributed_rank
+from ..collectives import get_distributed_rank, reduce_scatter_first_dim
 
 
 class PendingRows:
@@ -72,3 +72,35 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     if hi < full.shape[0]:
         gemm(full[hi:], [o[hi:] for o in outs])
     return arrived
+
+
+def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
+                        gemm: Callable[[torch.Tensor, torch.Tensor], None],
+                        block_multiple: int = 1) -> torch.Tensor:
+    """This rank's rows of reduce_scatter(gemm(x)) over tp.group, for a row-parallel GEMM whose
+    product on each rank is a partial sum: x holds every row; gemm(rows, out) writes rows' product
+    into out. With two ranks the peer's block is multiplied first and sent while this rank's
+    block is multiplied, and the peer's partial sums for this rank's rows arrive meanwhile
+    (point-to-point on the group) and are added: the exchange hides under the second block, and
+    a two-term sum is the same in either order. Other group sizes, and blocks whose rows are not
+    a multiple of block_multiple (FP8 GEMMs need 16), multiply everything, then reduce-scatter."""
+    world = tp.size
+    rows = x.shape[0] // world
+    if world != 2 or rows % block_multiple or torch.compiler.is_compiling():
+        full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
+        gemm(x, full)
+        return reduce_scatter_first_dim(full, tp.group)
+    rank = get_distributed_rank(tp.group)
+    peer = dist.get_global_rank(tp.group, 1 - rank)
+    theirs = x[(1 - rank) * rows:(2 - rank) * rows]
+    mine = x[rank * rows:(rank + 1) * rows]
+    send = torch.empty((rows, out_cols), dtype=dtype, device=x.device)
+    gemm(theirs, send)
+    recv = torch.empty_like(send)
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer, tp.group),
+                                       dist.P2POp(dist.irecv, recv, peer, tp.group)])
+    out = torch.empty_like(send)
+    gemm(mine, out)
+    for request in requests:
+        request.wait()
+    return out.add_(recv)
