@@ -20,7 +20,9 @@ from ..tensor import Float8Tensor
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            original_input as _original_input, parallel as _parallel,
                            wgrad as _wgrad)
-from ..module_parts.gather_gemm import fp8_blocks_fit, gemm_over_gather
+from ..collectives import reduce_scatter_first_dim
+from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_reduce_scatter,
+                                        start_gather_rows)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
 from ..module_parts.sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
@@ -37,7 +39,9 @@ class _LinearFn(torch.autograd.Function):
         # argument and the backward returns a gradient slot for each (host time per call)
         # sp: the sequence-parallel group (_parallel.NormTP) when this call gathers its input's
         # rows itself, in FP8 (see _sequence_parallel_fp8), else None
-        module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp = call
+        # rs: the group (_parallel.NormTP) a row-parallel sequence-parallel call reduce-scatters
+        # its output over, itself (see _row_output_rows), else None
+        module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp, rs = call
         keep_input = getattr(module, "save_original_input", False)  # see module_parts/original_input.py
         out_features, in_features = weight.shape
         # reshape makes a view node even when nothing changes (host time): 2-D inputs skip it
@@ -104,14 +108,20 @@ class _LinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, x2d, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            if nc is not None and tokens > 0:
+            if rs is not None:  # bias and residual come after the reduction (row parallel)
+                w = w if w.is_contiguous() else w.contiguous()
+                y = gemm_reduce_scatter(x2d, rs, out_features, dtype, lambda rows, o: _gemms.fprop_hp(
+                    w, rows, None, out=o))
+            elif nc is not None and tokens > 0:
                 w = w if w.is_contiguous() else w.contiguous()
                 y = linear_step.hp_forward(nc, x2d, w, bias, r2d, dtype)
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
+        if fp8 and rs is not None:  # the FP8 GEMM made every row: reduce-scatter them whole
+            y = reduce_scatter_first_dim(y, rs.group)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
-        ctx.sp = sp
+        ctx.sp, ctx.rs = sp, rs
         ctx.input_kept = fp8 and keep_input and need_wgrad
         ctx.nc = nc  # the backward reuses it (native_call_again)
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
@@ -121,7 +131,8 @@ class _LinearFn(torch.autograd.Function):
         ctx.shapes = (inp.shape, out_features, in_features)
         if inp.dim() == 2:
             return y
-        return y.view(-1 if sp is not None else inp.shape[0], *inp.shape[1:-1], out_features)
+        return y.view(-1 if sp is not None or rs is not None else inp.shape[0], *inp.shape[1:-1],
+                      out_features)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -131,6 +142,9 @@ class _LinearFn(torch.autograd.Function):
             dy = dy.to(ctx.dtype)
         dy = dy.contiguous()
         fi = ctx.fi
+        dx_rows = None  # high precision, row parallel + SP: dgrad made while dy's rows gathered
+        if ctx.rs is not None:
+            dy, dx_rows = _gather_output_grad(ctx, dy)
         # the direct path whenever it can serve the backward, whichever path the forward took
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
@@ -164,9 +178,10 @@ class _LinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if nc is not None:
-                dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db)
+                dx, dw, db = _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db, dx_rows)
             else:
-                dx = _gemms.dgrad_hp(w, dy) if ctx.need_dgrad else None
+                dx = (dx_rows if dx_rows is not None else _gemms.dgrad_hp(w, dy)
+                      if ctx.need_dgrad else None)
                 dw = (_wgrad.weight_grad(ctx.module, ctx.weight, ctx.fuse, lambda: _gemms.wgrad_hp(
                     x2d, dy, ctx.weight, ctx.fuse, out_features, in_features))
                       if ctx.need_wgrad else None)
@@ -185,18 +200,35 @@ class _LinearFn(torch.autograd.Function):
 _RAW_APPLY = super(torch.autograd.Function, _LinearFn).apply
 
 
-def _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db):
+def _hp_backward_fast(ctx, nc, dy, x2d, w, fused_db, dx_made=None):
     """dgrad, then wgrad, and the bias gradient in one native call (kernels/linear_step.py): the
     bias gradient in the wgrad GEMM's epilogue when fused_db, else by the column-sum kernels; a
     wgrad accumulated into main_grad (fuse_wgrad_accumulation) follows (library/gemm.py).
+    dx_made: the input gradient already made (row blocks under a gather), so no dgrad here.
     Returns (dx, dw, db)."""
     _, out_features, in_features = ctx.shapes
     dx, dw, db = linear_step.hp_backward(
-        nc, dy, x2d, w, in_features, ctx.dtype, ctx.need_dgrad, ctx.need_wgrad and not ctx.fuse,
-        ctx.bias_dtype if ctx.has_bias_grad else None, fused_db)
+        nc, dy, x2d, w, in_features, ctx.dtype, ctx.need_dgrad and dx_made is None,
+        ctx.need_wgrad and not ctx.fuse, ctx.bias_dtype if ctx.has_bias_grad else None, fused_db)
+    if dx_made is not None:
+        dx = dx_made
     if ctx.need_wgrad and ctx.fuse:
         dw = _gemms.wgrad_hp(x2d, dy, ctx.weight, True, out_features, in_features)
     return dx, dw, db
+
+
+def _gather_output_grad(ctx, dy):
+    """(every row of the output gradient, the input gradient or None) of a row-parallel,
+    sequence-parallel call, whose dy holds this rank's rows. High precision with an input
+    gradient to make: the dgrad GEMM starts on this rank's rows while the others arrive
+    (gather_gemm.py); otherwise the gather completes first."""
+    if ctx.fp8 or not ctx.need_dgrad or dy.shape[0] == 0:
+        return ctx.rs.gather_rows(dy), None
+    w = ctx.saved_tensors[1]
+    pending = start_gather_rows(dy, ctx.rs)
+    dx = dy.new_empty((dy.shape[0] * ctx.rs.size, w.shape[1]))
+    dy = gemm_over_gather(pending, (dx,), lambda rows, o: _gemms.dgrad_hp(w, rows, out=o[0]))
+    return dy, dx
 
 
 def _fp8_backward(ctx, dy, xq_t, x_sinv, wq_t, w_sinv):
@@ -619,12 +651,18 @@ class Linear(TransformerEngineBaseModule):
                              "return_bias and no row-parallel split (see residual_in_gemm)")
         # a residual of another dtype than the GEMM's output keeps torch's type promotion: added after
         fused = _residual if _residual is not None and _residual.dtype == dtype else None
+        # row parallel + SP: the call reduce-scatters its own output (its rows were checked by
+        # check_row_input above, before any collective)
+        rs = (_parallel.NormTP(self.tp_group, self.tp_size, True, True)
+              if self.parallel_mode == "row" and self.sequence_parallel and self.tp_size > 1
+              else None)
         out = apply(inp, weight, bias if add_bias_in_gemm else None, fused,
-                    (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc, sp))
+                    (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc, sp, rs))
         if _residual is not None and fused is None:
             out = _residual + out
         if self.parallel_mode == "row":
-            out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
+            if rs is None:  # with it, the call reduce-scattered its own output
+                out = _parallel.row_output(out, self.tp_group, self.tp_size, self.sequence_parallel)
             if bias is not None and not add_bias_in_gemm and not self.return_bias:
                 out = out + bias.to(out.dtype)
         if self.return_bias:

@@ -38,12 +38,15 @@ class PendingRows:
 
 
 def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
-    """Starts the all-gather along dim 0 of this rank's rows over tp.group (async on NCCL)."""
+    """Starts the all-gather along dim 0 of this rank's rows over tp.group (async on NCCL,
+    outside a traced graph)."""
     local = local.contiguous()
     out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]), dtype=local.dtype,
                       device=local.device)
     if dist.get_backend(tp.group) == "nccl":
-        handle = dist.all_gather_into_tensor(out, local, group=tp.group, async_op=True)
+        # a traced call waits here (no async handle inside a graph)
+        handle = dist.all_gather_into_tensor(out, local, group=tp.group,
+                                             async_op=not torch.compiler.is_compiling())
     else:  # gloo has no single-tensor gather: views of `out`, done on return
         dist.all_gather(list(out.chunk(tp.size, dim=0)), local, group=tp.group)
         handle = None
