@@ -40,7 +40,7 @@ class _LinearFn(torch.autograd.Function):
         # sp: the sequence-parallel group (_parallel.NormTP) when this call gathers its input's
         # rows itself, in FP8 (see _sequence_parallel_fp8), else None
         # rs: the group (_parallel.NormTP) a row-parallel sequence-parallel call reduce-scatters
-        # its output over, itself (see _row_output_rows), else None
+        # its output over, itself (see gather_gemm.gemm_reduce_scatter), else None
         module, fi, dtype, is_first_microbatch, fuse_wgrad, nc, sp, rs = call
         keep_input = getattr(module, "save_original_input", False)  # see module_parts/original_input.py
         out_features, in_features = weight.shape

@@ -89,7 +89,7 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
     a multiple of block_multiple (FP8 GEMMs need 16), multiply everything, then reduce-scatter."""
     world = tp.size
     rows = x.shape[0] // world
-    if world != 2 or rows % block_multiple or torch.compiler.is_compiling():
+    if world != 2 or rows == 0 or rows % block_multiple or torch.compiler.is_compiling():
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full)
         return reduce_scatter_first_dim(full, tp.group)
