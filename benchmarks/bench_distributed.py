@@ -9,6 +9,8 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
   *_graphed     single_* / tp_sp_* (BF16, DelayedScaling) replayed from CUDA graphs
                 (te.make_graphed_callables, collectives captured): the same device work with
                 the host's part reduced to two replays, which shows how much of a step is host
+  *_serial      the split contenders with NVTE_TP_OVERLAP=0: each GEMM runs whole next to its
+                collective instead of in row blocks that hide it (the schedule compared against)
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
   collectives   one all-gather and one reduce-scatter of the split activation alone, and the
@@ -251,13 +253,16 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
                 print(f"profile_tp_sp_{name}", json.dumps(summary, indent=1), file=sys.stderr, flush=True)
         dist.destroy_process_group()
         return
-    for name in ("bf16", "fp8", "fp8_cs"):
+    for name, serial in (("bf16", True), ("fp8", True), ("bf16", False), ("fp8", False),
+                         ("fp8_cs", False)):
+        key = f"tp_sp_{name}" + ("_serial" if serial else "")
+        os.environ["NVTE_TP_OVERLAP"] = "0" if serial else "1"  # read at call time
         step = _step(layer, x, dy, _recipe(name), group)
-        res[f"tp_sp_{name}"] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
-        _note(rank, partial, json_path, f"tp_sp_{name}", res[f"tp_sp_{name}"])
+        res[key] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
+        _note(rank, partial, json_path, key, res[key])
         if rank == 0:
-            print(f"tp_sp_{name}: {res[f'tp_sp_{name}']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
-        if profile and name != "fp8_cs":
+            print(f"{key}: {res[key]:.3f} ms (rank 0)", file=sys.stderr, flush=True)
+        if profile and name != "fp8_cs" and not serial:
             # every rank runs the profiled step: its collectives must pair with the other rank's
             summary = _profile_summary(step)
             if rank == 0:
@@ -268,13 +273,15 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
     def split_layer():
         torch.manual_seed(0)
         return _layer(set_parallel_mode=True, sequence_parallel=True, tp_group=group, tp_size=WORLD)
-    for name in ("bf16", "fp8"):
-        key = f"tp_sp_{name}_graphed"
+    for name, serial in (("bf16", True), ("fp8", True), ("bf16", False), ("fp8", False)):
+        key = f"tp_sp_{name}_graphed" + ("_serial" if serial else "")
+        os.environ["NVTE_TP_OVERLAP"] = "0" if serial else "1"  # captured as set here
         res[key] = _time_graphed(key, split_layer, x, dy, _recipe(name), rounds, group,
                                  lambda: dist.barrier(group=group))
         if rank == 0 and isinstance(res[key], float):
             print(f"{key}: {res[key]:.3f} ms (rank 0)", file=sys.stderr, flush=True)
         _note(rank, partial, json_path, key, res[key])
+    os.environ["NVTE_TP_OVERLAP"] = "1"
     del x, dy
     torch.cuda.empty_cache()
     res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds, lambda: dist.barrier(group=group))
@@ -343,7 +350,8 @@ def main():
                 ranks.append(json.load(f))
     rows = dict(single)
     for key in ("tp_sp_bf16", "tp_sp_fp8", "tp_sp_fp8_cs", "tp_sp_bf16_graphed",
-                "tp_sp_fp8_graphed", "cp_attention"):
+                "tp_sp_fp8_graphed", "tp_sp_bf16_serial", "tp_sp_fp8_serial",
+                "tp_sp_bf16_graphed_serial", "tp_sp_fp8_graphed_serial", "cp_attention"):
         got = [r[key] for r in ranks]
         # the step ends when the slowest rank does; a rank's capture error is the result
         errors = [g for g in got if not isinstance(g, float)]
@@ -359,7 +367,11 @@ def main():
               "graphed_fp8_vs_bf16_tp_sp": ratio("tp_sp_bf16_graphed", "tp_sp_fp8_graphed"),
               "graphed_bf16_scaling_vs_single": ratio("single_bf16_graphed", "tp_sp_bf16_graphed"),
               "graphed_fp8_scaling_vs_single": ratio("single_fp8_graphed", "tp_sp_fp8_graphed"),
-              "cp_attention_32k_vs_single": ratio("single_attention_32k", "cp_attention")}
+              "cp_attention_32k_vs_single": ratio("single_attention_32k", "cp_attention"),
+              "overlap_gain_bf16": ratio("tp_sp_bf16_serial", "tp_sp_bf16"),
+              "overlap_gain_fp8": ratio("tp_sp_fp8_serial", "tp_sp_fp8"),
+              "overlap_gain_bf16_graphed": ratio("tp_sp_bf16_graphed_serial", "tp_sp_bf16_graphed"),
+              "overlap_gain_fp8_graphed": ratio("tp_sp_fp8_graphed_serial", "tp_sp_fp8_graphed")}
     print("ms per step:", {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.items()})
     print("ratios:", {k: round(v, 3) if v is not None else None for k, v in ratios.items()},
           "targets:", TARGETS)

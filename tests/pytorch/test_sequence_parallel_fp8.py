@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -276,5 +277,8 @@ def _body_rank_blocks(rank, world, group):
             _check_against_unsplit(kind, name, group, rank, world)
 
 
-def test_gemm_over_rank_blocks_while_gathering_two_ranks_gloo():
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_gemm_over_rank_blocks_while_gathering_two_ranks_gloo(overlap, monkeypatch):
+    # NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective: the same numbers
+    monkeypatch.setenv("NVTE_TP_OVERLAP", overlap)
     _spawn(_body_rank_blocks)

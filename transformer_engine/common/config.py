@@ -154,6 +154,12 @@ def jax_custom_call_enabled(name: str) -> bool:
     return name in items
 
 
+def tp_overlap() -> bool:
+    """NVTE_TP_OVERLAP (default 1): sequence-parallel GEMMs run in row blocks that hide their
+    all-gather / reduce-scatter; 0 runs each GEMM whole next to its collective."""
+    return _flag("NVTE_TP_OVERLAP", True)
+
+
 def fp8_block_scaling_fp32_scales() -> bool:
     """NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1: Float8BlockScaling's default scales are any fp32
     value instead of powers of two."""

@@ -20,6 +20,14 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import get_distributed_rank, reduce_scatter_first_dim
+from ...common import config
+
+
+def _overlap() -> bool:
+    """Whether GEMM blocks hide the collective: not inside a traced graph (its collectives are
+    synchronous there) and not under NVTE_TP_OVERLAP=0, which runs each GEMM whole next to its
+    collective (the same results, nothing hidden: the schedule to compare against)."""
+    return not torch.compiler.is_compiling() and config.tp_overlap()
 
 
 class PendingRows:
@@ -65,6 +73,10 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     block of `outs` (row-aligned with the gathered rows) is written by the call that computes it.
     Returns what pending.wait() returns (the gathered rows, with their FP8 transpose for the FP8
     gather)."""
+    if not _overlap():
+        arrived = pending.wait()
+        gemm(pending.data, list(outs))
+        return arrived
     rows = pending.local.shape[0]
     lo, hi = pending.rank * rows, (pending.rank + 1) * rows
     gemm(pending.local, [o[lo:hi] for o in outs])
@@ -89,7 +101,7 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
     a multiple of block_multiple (FP8 GEMMs need 16), multiply everything, then reduce-scatter."""
     world = tp.size
     rows = x.shape[0] // world
-    if world != 2 or rows == 0 or rows % block_multiple or torch.compiler.is_compiling():
+    if world != 2 or rows == 0 or rows % block_multiple or not _overlap():
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full)
         return reduce_scatter_first_dim(full, tp.group)
