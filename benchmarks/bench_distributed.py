@@ -11,6 +11,9 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
                 the host's part reduced to two replays, which shows how much of a step is host
   *_serial      the split contenders with NVTE_TP_OVERLAP=0: each GEMM runs whole next to its
                 collective instead of in row blocks that hide it (the schedule compared against)
+  *_nccl        the split contenders with NVTE_TP_OVERLAP=nccl: the row blocks with NCCL moving
+                the rows; unsuffixed rows: the default (copy engines where torch's symmetric
+                memory runs, else NCCL)
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
   collectives   one all-gather and one reduce-scatter of the split activation alone, and the
@@ -22,7 +25,7 @@ collectives pair up) and rank 0's split of the time goes in the JSON (GEMMs, com
 attention, the rest). NVLink multicast must stay off: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (set here if unset).
 
-  python benchmarks/bench_distributed.py [--json out.json] [--quick] [--profile]
+  python benchmarks/bench_distributed.py [--json out.json] [--quick] [--profile] [--filter RE]
 
 The JSON is written as the rows land ("complete": false, the split rows rank 0's) and rewritten
 whole at the end ("complete": true, the split rows the slowest rank's).
@@ -48,6 +51,11 @@ HIDDEN, HEADS, FFN, SEQ, BATCH = 4096, 32, 16384, 2048, 2
 WORLD = 2
 STEP_CALLS = 4
 TARGETS = {"fp8_vs_bf16_tp_sp": 1.5, "bf16_scaling_vs_single": 1.8}
+# row-key suffix -> NVTE_TP_OVERLAP of the split contenders (the serial schedule first, so that
+# the other two do not warm anything up for it)
+SCHEDULES = {"_serial": "0", "_nccl": "nccl", "": "1"}
+SPLIT_ROWS = tuple(f"tp_sp_{n}{g}{sch}" for g in ("", "_graphed") for sch in SCHEDULES
+                   for n in ("bf16", "fp8")) + ("tp_sp_fp8_cs",)
 
 
 def _layer(**kw):
@@ -226,7 +234,8 @@ def _collective_ms(group, rounds) -> dict:
     return ms
 
 
-def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=None, json_path=None):
+def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=None, json_path=None,
+          pattern=None):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -253,16 +262,17 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
                 print(f"profile_tp_sp_{name}", json.dumps(summary, indent=1), file=sys.stderr, flush=True)
         dist.destroy_process_group()
         return
-    for name, serial in (("bf16", True), ("fp8", True), ("bf16", False), ("fp8", False),
-                         ("fp8_cs", False)):
-        key = f"tp_sp_{name}" + ("_serial" if serial else "")
-        os.environ["NVTE_TP_OVERLAP"] = "0" if serial else "1"  # read at call time
+    for name, schedule in [(n, sch) for sch in SCHEDULES for n in ("bf16", "fp8")] + [("fp8_cs", "")]:
+        key = f"tp_sp_{name}{schedule}"
+        if not common.selected(key, pattern):
+            continue
+        os.environ["NVTE_TP_OVERLAP"] = SCHEDULES[schedule]  # read at call time
         step = _step(layer, x, dy, _recipe(name), group)
         res[key] = _time_steps(step, rounds, lambda: dist.barrier(group=group))
         _note(rank, partial, json_path, key, res[key])
         if rank == 0:
             print(f"{key}: {res[key]:.3f} ms (rank 0)", file=sys.stderr, flush=True)
-        if profile and name != "fp8_cs" and not serial:
+        if profile and name != "fp8_cs" and not schedule:
             # every rank runs the profiled step: its collectives must pair with the other rank's
             summary = _profile_summary(step)
             if rank == 0:
@@ -273,9 +283,11 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
     def split_layer():
         torch.manual_seed(0)
         return _layer(set_parallel_mode=True, sequence_parallel=True, tp_group=group, tp_size=WORLD)
-    for name, serial in (("bf16", True), ("fp8", True), ("bf16", False), ("fp8", False)):
-        key = f"tp_sp_{name}_graphed" + ("_serial" if serial else "")
-        os.environ["NVTE_TP_OVERLAP"] = "0" if serial else "1"  # captured as set here
+    for name, schedule in [(n, sch) for sch in SCHEDULES for n in ("bf16", "fp8")]:
+        key = f"tp_sp_{name}_graphed{schedule}"
+        if not common.selected(key, pattern):
+            continue
+        os.environ["NVTE_TP_OVERLAP"] = SCHEDULES[schedule]  # captured as set here
         res[key] = _time_graphed(key, split_layer, x, dy, _recipe(name), rounds, group,
                                  lambda: dist.barrier(group=group))
         if rank == 0 and isinstance(res[key], float):
@@ -284,10 +296,12 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
     os.environ["NVTE_TP_OVERLAP"] = "1"
     del x, dy
     torch.cuda.empty_cache()
-    res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds, lambda: dist.barrier(group=group))
-    if rank == 0:
-        print(f"cp_attention: {res['cp_attention']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
-    _note(rank, partial, json_path, "cp_attention", res["cp_attention"])
+    if common.selected("cp_attention", pattern):
+        res["cp_attention"] = _time_steps(_attention_step(group, rank, WORLD), rounds,
+                                          lambda: dist.barrier(group=group))
+        if rank == 0:
+            print(f"cp_attention: {res['cp_attention']:.3f} ms (rank 0)", file=sys.stderr, flush=True)
+        _note(rank, partial, json_path, "cp_attention", res["cp_attention"])
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -297,6 +311,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--filter", default=None,
+                    help="regex over row keys (e.g. 'graphed'); the one-GPU rows a kept split row "
+                         "is compared with always run")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-only", action="store_true",
                     help="only one profiled TP=2+SP step each of BF16 and FP8, printed; no timings")
@@ -312,25 +329,32 @@ def main():
                            start_method="spawn")
         return
 
-    torch.manual_seed(0)
-    layer = _layer()
+    def wanted(graphed):
+        return any(common.selected(k, args.filter) for k in SPLIT_ROWS
+                   if ("_graphed" in k) == graphed)
     x = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16).requires_grad_()
     dy = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    single = {"single_bf16": _time_steps(_step(layer, x, dy, None), rounds),
-              "single_fp8": _time_steps(_step(layer, x, dy, _recipe("fp8")), rounds)}
-    del layer
-    torch.cuda.empty_cache()
+    single = {}
+    if wanted(False):
+        torch.manual_seed(0)
+        layer = _layer()
+        single["single_bf16"] = _time_steps(_step(layer, x, dy, None), rounds)
+        single["single_fp8"] = _time_steps(_step(layer, x, dy, _recipe("fp8")), rounds)
+        del layer
+        torch.cuda.empty_cache()
 
     def whole_layer():
         torch.manual_seed(0)
         return _layer()
-    for name in ("bf16", "fp8"):
-        single[f"single_{name}_graphed"] = _time_graphed(f"single_{name}_graphed", whole_layer, x,
-                                                         dy, _recipe(name), rounds)
+    if wanted(True):
+        for name in ("bf16", "fp8"):
+            single[f"single_{name}_graphed"] = _time_graphed(f"single_{name}_graphed", whole_layer,
+                                                             x, dy, _recipe(name), rounds)
     del x, dy
     torch.cuda.empty_cache()
-    single["single_attention_32k"] = _time_steps(_attention_step(), rounds)
-    torch.cuda.empty_cache()
+    if common.selected("cp_attention", args.filter):
+        single["single_attention_32k"] = _time_steps(_attention_step(), rounds)
+        torch.cuda.empty_cache()
     print("one GPU:", {k: round(v, 3) for k, v in single.items()}, file=sys.stderr, flush=True)
 
     shape = dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, seq=SEQ, batch=BATCH)
@@ -342,23 +366,24 @@ def main():
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.start_processes(_rank, args=(port, out, rounds, args.profile, False, partial, args.json),
+        mp.start_processes(_rank, args=(port, out, rounds, args.profile, False, partial, args.json,
+                                        args.filter),
                            nprocs=WORLD, start_method="spawn")
         ranks = []
         for r in range(WORLD):
             with open(f"{out}.{r}") as f:
                 ranks.append(json.load(f))
     rows = dict(single)
-    for key in ("tp_sp_bf16", "tp_sp_fp8", "tp_sp_fp8_cs", "tp_sp_bf16_graphed",
-                "tp_sp_fp8_graphed", "tp_sp_bf16_serial", "tp_sp_fp8_serial",
-                "tp_sp_bf16_graphed_serial", "tp_sp_fp8_graphed_serial", "cp_attention"):
+    for key in SPLIT_ROWS + ("cp_attention",):
+        if key not in ranks[0]:
+            continue
         got = [r[key] for r in ranks]
         # the step ends when the slowest rank does; a rank's capture error is the result
         errors = [g for g in got if not isinstance(g, float)]
         rows[key] = errors[0] if errors else max(got)
 
     def ratio(num, den):
-        a, b = rows[num], rows[den]
+        a, b = rows.get(num), rows.get(den)
         return a / b if isinstance(a, float) and isinstance(b, float) else None
     ratios = {"fp8_vs_bf16_tp_sp": ratio("tp_sp_bf16", "tp_sp_fp8"),
               "fp8_cs_vs_bf16_tp_sp": ratio("tp_sp_bf16", "tp_sp_fp8_cs"),
@@ -368,10 +393,8 @@ def main():
               "graphed_bf16_scaling_vs_single": ratio("single_bf16_graphed", "tp_sp_bf16_graphed"),
               "graphed_fp8_scaling_vs_single": ratio("single_fp8_graphed", "tp_sp_fp8_graphed"),
               "cp_attention_32k_vs_single": ratio("single_attention_32k", "cp_attention"),
-              "overlap_gain_bf16": ratio("tp_sp_bf16_serial", "tp_sp_bf16"),
-              "overlap_gain_fp8": ratio("tp_sp_fp8_serial", "tp_sp_fp8"),
-              "overlap_gain_bf16_graphed": ratio("tp_sp_bf16_graphed_serial", "tp_sp_bf16_graphed"),
-              "overlap_gain_fp8_graphed": ratio("tp_sp_fp8_graphed_serial", "tp_sp_fp8_graphed")}
+              **{f"overlap_gain_{n}{g}{sch or '_default'}": ratio(f"tp_sp_{n}{g}_serial", f"tp_sp_{n}{g}{sch}")
+                 for n in ("bf16", "fp8") for g in ("", "_graphed") for sch in ("_nccl", "")}}
     print("ms per step:", {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.items()})
     print("ratios:", {k: round(v, 3) if v is not None else None for k, v in ratios.items()},
           "targets:", TARGETS)

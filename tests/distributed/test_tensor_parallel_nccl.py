@@ -2,8 +2,10 @@
 with the same weights: Linear (column, row), LayerNormLinear, LayerNormMLP (GELU, SwiGLU),
 MultiheadAttention and TransformerLayer, with and without sequence parallelism, in BF16, FP8
 DelayedScaling (amax reduced over the group) and Float8CurrentScaling; outputs, the input
-gradient and every parameter gradient, plus return_bias / return_layernorm_output. Needs two
-GPUs; the same modules are checked in two-process gloo groups on the CPU in tests/pytorch."""
+gradient and every parameter gradient, plus return_bias / return_layernorm_output, under each
+NVTE_TP_OVERLAP schedule (row blocks with the copy engines, row blocks with NCCL, whole GEMMs).
+Needs two GPUs; the same modules are checked in two-process gloo groups on the CPU in
+tests/pytorch."""
 import faulthandler
 import json
 import os
@@ -20,6 +22,7 @@ from nccl_spawn import free_port, start_ranks, watch_for_hang  # noqa: E402
 
 WORLD = 2
 CASES = tp_cases.all_cases()
+SCHEDULES = ("1", "nccl", "0")
 
 
 def _gpus() -> int:
@@ -33,14 +36,22 @@ def _worker(rank: int, port: int, out_path: str):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=torch.device("cuda", rank))
     group = dist.new_group(list(range(WORLD)))
+    from transformer_engine.pytorch.module_parts import copy_engine_tp
     results = {}
-    for case in CASES:
-        try:
-            errs = tp_cases.run_case(case, group, rank, WORLD)
-            results[case.name] = {"errors": errs}
-        except Exception:  # recorded per case; the other cases still run
-            results[case.name] = {"exception": traceback.format_exc(limit=6)}
-        dist.barrier(group=group)
+    for schedule in SCHEDULES:
+        os.environ["NVTE_TP_OVERLAP"] = schedule
+        before = dict(copy_engine_tp.transfers)
+        for case in CASES:
+            key = f"{schedule}/{case.name}"
+            try:
+                errs = tp_cases.run_case(case, group, rank, WORLD)
+                results[key] = {"errors": errs}
+            except Exception:  # recorded per case; the other cases still run
+                results[key] = {"exception": traceback.format_exc(limit=6)}
+            dist.barrier(group=group)
+        results[f"{schedule}/copy_engine_transfers"] = {
+            k: copy_engine_tp.transfers[k] - before[k] for k in before}
+    results["copy_engine_available"] = copy_engine_tp.available()
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
@@ -63,10 +74,24 @@ def results():
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_split_module_matches_unsplit(results, case):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_split_module_matches_unsplit(results, schedule, case):
     for rank, res in enumerate(results):
-        got = res[case.name]
+        got = res[f"{schedule}/{case.name}"]
         assert "exception" not in got, f"rank {rank}:\n{got.get('exception')}"
         bad = {k: (round(err, 5), round(allowed, 5)) for k, (err, allowed) in got["errors"].items()
                if not err <= allowed}
         assert not bad, f"rank {rank}: norm-relative (error, allowed) above the bound: {bad}"
+
+
+def test_default_schedule_moves_rows_with_copy_engines(results):
+    # where torch has the symmetric-memory pipelines, the default schedule must use them for
+    # both the gathers and the reduce-scatters (a silent fallback to NCCL would pass the
+    # numerics above); the other two schedules never do
+    for rank, res in enumerate(results):
+        if not res["copy_engine_available"]:
+            pytest.skip("this torch has no symmetric-memory pipelines")
+        used = res["1/copy_engine_transfers"]
+        assert used["gather"] > 0 and used["reduce_scatter"] > 0, f"rank {rank}: {used}"
+        for schedule in ("nccl", "0"):
+            assert not any(res[f"{schedule}/copy_engine_transfers"].values()), (rank, schedule)

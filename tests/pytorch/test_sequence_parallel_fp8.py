@@ -277,8 +277,18 @@ def _body_rank_blocks(rank, world, group):
             _check_against_unsplit(kind, name, group, rank, world)
 
 
-@pytest.mark.parametrize("overlap", ["1", "0"])
+@pytest.mark.parametrize("overlap", ["1", "nccl", "0"])
 def test_gemm_over_rank_blocks_while_gathering_two_ranks_gloo(overlap, monkeypatch):
-    # NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective: the same numbers
+    # every NVTE_TP_OVERLAP schedule gives the unsplit module's numbers (gloo: blocks after the
+    # gather; NCCL and the copy engines run in the GPU tests)
     monkeypatch.setenv("NVTE_TP_OVERLAP", overlap)
     _spawn(_body_rank_blocks)
+
+
+def test_tp_overlap_setting_rejects_unknown_values(monkeypatch):
+    from transformer_engine.common import config
+    monkeypatch.setenv("NVTE_TP_OVERLAP", "yes")
+    with pytest.raises(ValueError, match="NVTE_TP_OVERLAP='yes': expected one of 0, 1, nccl"):
+        config.tp_overlap()
+    monkeypatch.setenv("NVTE_TP_OVERLAP", " NCCL ")
+    assert config.tp_overlap() == "nccl"

@@ -154,10 +154,19 @@ def jax_custom_call_enabled(name: str) -> bool:
     return name in items
 
 
-def tp_overlap() -> bool:
-    """NVTE_TP_OVERLAP (default 1): sequence-parallel GEMMs run in row blocks that hide their
-    all-gather / reduce-scatter; 0 runs each GEMM whole next to its collective."""
-    return _flag("NVTE_TP_OVERLAP", True)
+TP_OVERLAP_MODES = ("0", "1", "nccl")
+
+
+def tp_overlap() -> str:
+    """NVTE_TP_OVERLAP: how sequence-parallel GEMMs meet their all-gather / reduce-scatter.
+    "1" (default): in row blocks that hide the collective, moved by the GPUs' copy engines through
+    torch's symmetric memory where it runs (NVLink peers), else by NCCL; "nccl": the row blocks
+    with NCCL always; "0": each GEMM whole next to its collective."""
+    value = os.environ.get("NVTE_TP_OVERLAP", "").strip().lower() or "1"
+    if value not in TP_OVERLAP_MODES:
+        raise ValueError(f"environment variable NVTE_TP_OVERLAP={value!r}: expected one of "
+                         f"{', '.join(TP_OVERLAP_MODES)}")
+    return value
 
 
 def fp8_block_scaling_fp32_scales() -> bool:

@@ -1,16 +1,22 @@
-"""A column-parallel GEMM over rows that the sequence-parallel all-gather is still bringing.
+"""Sequence-parallel GEMMs that hide their all-gather / reduce-scatter under row blocks.
 
-With sequence parallelism the column-parallel modules gather their GEMM input's rows from
-every rank before their first GEMM. Rather than waiting for the gather, the GEMM runs on the rows
-this rank already holds while the collective is in flight (NCCL runs it on its own stream), then
-on the other ranks' rows once they land; each block writes its rows of the one output buffer in
-place, so the output is the unsplit GEMM's, in rank order, with no copy. The gather then hides
-under this rank's block (for two ranks, half the GEMM). On a backend that cannot run the gather
-asynchronously it completes first and the blocks run back to back, with the same results.
+Column side: with sequence parallelism the column-parallel modules gather their GEMM input's
+rows from every rank before their first GEMM. Rather than waiting for the gather, the GEMM runs
+on the rows this rank already holds while the others are in flight, then on each rank's rows as
+they land; each block writes its rows of the one output buffer in place, so the output is the
+unsplit GEMM's, in rank order, with no copy. Row side: a row-parallel GEMM's product is a partial
+sum that the ranks reduce-scatter; the peers' row blocks are multiplied and sent first, this
+rank's own block hides their exchange, and the partial sums add.
 
-Both gathers fit: `PendingRows` (high precision, started here) and the FP8 one of
-sequence_parallel_fp8 (`PendingFP8Rows`); each holds this rank's rows (`local`), its rank and the
-gathered buffer (`data`), valid after `wait()`.
+The transfers (NVTE_TP_OVERLAP, common/config.py): the GPUs' copy engines through symmetric
+memory (copy_engine_tp.py) where torch has it and the group is NCCL on CUDA; otherwise NCCL
+(an async all-gather; point-to-point for the row side with two ranks). On a backend that cannot
+run the gather asynchronously (gloo) it completes first and the blocks run back to back, with
+the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
+
+Both gathers fit the column side: `PendingRows` (high precision, made here) and the FP8 one of
+sequence_parallel_fp8 (`PendingFP8Rows`, NCCL); each holds this rank's rows (`local`), its rank
+and the gathered buffer (`data`), valid after `wait()`.
 """
 from __future__ import annotations
 
@@ -21,24 +27,34 @@ import torch.distributed as dist
 
 from ..collectives import get_distributed_rank, reduce_scatter_first_dim
 from ...common import config
+from . import copy_engine_tp
+
+
+def _mode() -> str:
+    """"0" (whole GEMMs), "1" (blocks, copy engines where they run) or "nccl" (blocks, NCCL);
+    "0" inside a traced graph, whose collectives are synchronous."""
+    return "0" if torch.compiler.is_compiling() else config.tp_overlap()
 
 
 def _overlap() -> bool:
-    """Whether GEMM blocks hide the collective: not inside a traced graph (its collectives are
-    synchronous there) and not under NVTE_TP_OVERLAP=0, which runs each GEMM whole next to its
-    collective (the same results, nothing hidden: the schedule to compare against)."""
-    return not torch.compiler.is_compiling() and config.tp_overlap()
+    return _mode() != "0"
 
 
 class PendingRows:
     """A high-precision all-gather of every rank's rows in flight: wait() returns the gathered
     rows (rank order)."""
-    __slots__ = ("local", "data", "handle", "rank")
+    __slots__ = ("local", "data", "handle", "rank", "group", "copy_engine")
 
-    def __init__(self, local, data, handle, rank):
+    def __init__(self, local, data, handle, rank, group=None, copy_engine=None):
         self.local, self.data, self.handle, self.rank = local, data, handle, rank
+        # copy_engine: the group's name while the gather waits for gemm_over_gather to run it
+        # with the copy engines; a wait() before that gathers through NCCL instead
+        self.group, self.copy_engine = group, copy_engine
 
     def wait(self) -> torch.Tensor:
+        if self.copy_engine is not None:
+            dist.all_gather_into_tensor(self.data, self.local, group=self.group)
+            self.copy_engine = None
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
@@ -47,10 +63,16 @@ class PendingRows:
 
 def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
     """Starts the all-gather along dim 0 of this rank's rows over tp.group (async on NCCL,
-    outside a traced graph)."""
+    outside a traced graph), or leaves it to gemm_over_gather when the copy engines will move
+    it there."""
     local = local.contiguous()
     out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]), dtype=local.dtype,
                       device=local.device)
+    mode = _mode()
+    if mode == "1" and local.shape[0] > 0:
+        name = copy_engine_tp.usable(local, tp, local.numel() * local.element_size())
+        if name is not None:
+            return PendingRows(local, out, None, get_distributed_rank(tp.group), tp.group, name)
     if dist.get_backend(tp.group) == "nccl":
         # a traced call waits here (no async handle inside a graph)
         handle = dist.all_gather_into_tensor(out, local, group=tp.group,
@@ -73,6 +95,13 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     block of `outs` (row-aligned with the gathered rows) is written by the call that computes it.
     Returns what pending.wait() returns (the gathered rows, with their FP8 transpose for the FP8
     gather)."""
+    if getattr(pending, "copy_engine", None) is not None:
+        rows = pending.local.shape[0]
+
+        def consume(block, src):
+            gemm(block, [o[src * rows:(src + 1) * rows] for o in outs])
+        name, pending.copy_engine = pending.copy_engine, None
+        return copy_engine_tp.gather_and_consume(pending.local, pending.data, name, consume)
     if not _overlap():
         arrived = pending.wait()
         gemm(pending.data, list(outs))
@@ -94,14 +123,22 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                         block_multiple: int = 1) -> torch.Tensor:
     """This rank's rows of reduce_scatter(gemm(x)) over tp.group, for a row-parallel GEMM whose
     product on each rank is a partial sum: x holds every row; gemm(rows, out) writes rows' product
-    into out. With two ranks the peer's block is multiplied first and sent while this rank's
-    block is multiplied, and the peer's partial sums for this rank's rows arrive meanwhile
-    (point-to-point on the group) and are added: the exchange hides under the second block, and
-    a two-term sum is the same in either order. Other group sizes, and blocks whose rows are not
-    a multiple of block_multiple (FP8 GEMMs need 16), multiply everything, then reduce-scatter."""
+    into out. The peers' blocks are multiplied first and sent while the next block is multiplied,
+    this rank's block last, and the partial sums for this rank's rows add: by the copy engines for
+    any group size where they run, else with two ranks point-to-point on the group (a two-term sum
+    is the same in either order). Otherwise, and for blocks whose rows are not a multiple of
+    block_multiple (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered."""
     world = tp.size
     rows = x.shape[0] // world
-    if world != 2 or rows == 0 or rows % block_multiple or not _overlap():
+    mode = _mode()
+    blocks = rows > 0 and rows % block_multiple == 0 and mode != "0"
+    if blocks and mode == "1":
+        name = copy_engine_tp.usable(x, tp, 2 * rows * out_cols * torch.finfo(dtype).bits // 8)
+        if name is not None:
+            return copy_engine_tp.produce_and_reduce_scatter(
+                rows, out_cols, world, dtype, x.device, name,
+                lambda r, out: gemm(x[r * rows:(r + 1) * rows], out))
+    if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full)
         return reduce_scatter_first_dim(full, tp.group)

@@ -1,0 +1,83 @@
+"""Sequence-parallel collectives moved by the GPUs' copy engines, interleaved with the GEMMs that
+consume or produce them (torch's symmetric memory, torch.distributed._symmetric_memory).
+
+Why not NCCL here: an NCCL all-gather or send/recv running beside a GEMM needs streaming
+multiprocessors of its own, and a GEMM that fills the GPU leaves it none, so the two mostly take
+turns and little communication hides. Symmetric memory maps each peer's workspace into this
+process; a transfer is then a device-to-device copy, which the copy engines run without taking
+SMs, while the GEMM blocks run on two streams. This is the transport behind torch's own
+fused all-gather-matmul and matmul-reduce-scatter; here its pipelines take our GEMMs (high
+precision or FP8, bias and output blocks as the modules need), through the two pipeline
+functions torch exposes for that. Where they are missing, the group is not NCCL on CUDA, or a
+graph capture would need a larger workspace than the one already made, `usable` is False and
+the caller keeps NCCL.
+
+Every rank reaches the same answer from the same facts (shapes, group, capture state and the
+workspace's size, which every rank grows alike), so no rank takes this path while a peer waits
+in NCCL.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+try:  # absent from CPU-only and older builds of torch
+    from torch.distributed import _symmetric_memory as _symm
+except ImportError:  # pragma: no cover - depends on the torch build
+    _symm = None
+
+# pipelines run so far, by kind (read by the tests: on NVLink peers the default schedule must
+# take this path, not fall back to NCCL unnoticed)
+transfers = {"gather": 0, "reduce_scatter": 0}
+
+_PIPELINES = ("_pipelined_all_gather_and_consume", "_pipelined_produce_and_all2all",
+              "get_symm_mem_workspace")
+
+
+def available() -> bool:
+    """Whether this torch has the symmetric-memory pipelines."""
+    return _symm is not None and all(hasattr(_symm, name) for name in _PIPELINES)
+
+
+def _workspace_bytes(group_name: str) -> int:
+    tensor = getattr(_symm, "_group_name_to_workspace_tensor", {}).get(group_name)
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+def usable(t: torch.Tensor, tp, nbytes: int) -> str | None:
+    """The group's name when a copy-engine pipeline moving nbytes per rank can run for tensor t
+    on tp.group, else None. Under graph capture the workspace cannot grow: an eager call of the
+    same shapes (the warm-up before a capture) must have made it large enough."""
+    if not t.is_cuda or not available() or torch.compiler.is_compiling():
+        return None
+    if dist.get_backend(tp.group) != "nccl":
+        return None
+    name = tp.group.group_name
+    if torch.cuda.is_current_stream_capturing() and _workspace_bytes(name) < nbytes:
+        return None
+    return name
+
+
+def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,
+                       consume: Callable[[torch.Tensor, int], None]) -> torch.Tensor:
+    """All-gathers local (this rank's rows) into out (every rank's rows, rank order) while
+    consume(rows, src_rank) runs on each rank's rows as they land: this rank's first, then each
+    peer's on alternating streams right after its copy. Returns out."""
+    _symm._pipelined_all_gather_and_consume(local, consume, out, group_name)
+    transfers["gather"] += 1
+    return out
+
+
+def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dtype,
+                               device: torch.device, group_name: str,
+                               produce: Callable[[int, torch.Tensor], None]) -> torch.Tensor:
+    """This rank's rows of the sum over ranks of each rank's partial product: produce(r, out)
+    writes this rank's partial sums for rank r's rows into out (rows x cols); the peers' blocks
+    are produced first and copied to their owners while the next block is produced, this
+    rank's own block last. The ranks' partial sums are added in rank order."""
+    stacked = torch.empty(world * rows, cols, dtype=dtype, device=device)
+    _symm._pipelined_produce_and_all2all(produce, stacked, group_name)
+    transfers["reduce_scatter"] += 1
+    return stacked.view(world, rows, cols).sum(dim=0)
