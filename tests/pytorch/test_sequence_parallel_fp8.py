@@ -292,3 +292,60 @@ def test_tp_overlap_setting_rejects_unknown_values(monkeypatch):
         config.tp_overlap()
     monkeypatch.setenv("NVTE_TP_OVERLAP", " NCCL ")
     assert config.tp_overlap() == "nccl"
+
+
+class _PipelinesOverGloo:
+    """Stand-in for torch's symmetric-memory pipelines with their contract (which block each
+    callback sees, where the results land), its bytes moved by a gloo all-reduce over zeros
+    (exact, and not one of the gathers the checks above count): the copy-engine branches of the
+    modules then run on the CPU, their block arithmetic checked against the unsplit module. How
+    the GPUs move the bytes is checked in the two-GPU tests."""
+
+    _group_name_to_workspace_tensor: dict = {}
+
+    def __init__(self, group):
+        self.group = group
+
+    def _share(self, mine):
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        every = torch.zeros((world,) + tuple(mine.shape), dtype=mine.dtype)
+        every[rank] = mine
+        dist.all_reduce(every, group=self.group)
+        return every
+
+    def _pipelined_all_gather_and_consume(self, shard, consume, ag_out, group_name):
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        ag_out.copy_(self._share(shard).reshape(ag_out.shape))
+        consume(shard, rank)  # this rank's rows first, then each peer's
+        for step in range(1, world):
+            src = (rank + step) % world
+            consume(ag_out.chunk(world)[src], src)
+
+    def _pipelined_produce_and_all2all(self, produce, output, group_name):
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        chunks = output.chunk(world)
+        mine = torch.empty((world,) + tuple(chunks[0].shape), dtype=output.dtype)
+        for step in range(1, world + 1):  # the peers' blocks first, this rank's last
+            dst = (rank + step) % world
+            produce(dst, mine[dst])
+        every = self._share(mine)  # [src rank, dst rank, rows, cols]
+        for src in range(world):
+            chunks[src].copy_(every[src, rank])
+
+
+def _body_copy_engine_blocks(rank, world, group):
+    from transformer_engine.pytorch.module_parts import copy_engine_tp
+    copy_engine_tp._symm = _PipelinesOverGloo(group)
+    copy_engine_tp.usable = lambda t, tp, nbytes: tp.group.group_name
+    _body_rank_blocks(rank, world, group)  # FP8: the row-parallel reduce-scatters
+    # high precision: the column gathers and the backward's output-gradient gathers too
+    from test_module_parallel import _check_norm_modules, _check_parallel
+    _check_parallel(rank, world)
+    _check_norm_modules(rank, world)
+    used = copy_engine_tp.transfers
+    assert used["gather"] > 0 and used["reduce_scatter"] > 0, used
+
+
+def test_gemm_blocks_through_copy_engine_pipelines_two_ranks_gloo(monkeypatch):
+    monkeypatch.setenv("NVTE_TP_OVERLAP", "1")
+    _spawn(_body_copy_engine_blocks)
