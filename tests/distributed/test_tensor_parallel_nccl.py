@@ -3,7 +3,8 @@ with the same weights: Linear (column, row), LayerNormLinear, LayerNormMLP (GELU
 MultiheadAttention and TransformerLayer, with and without sequence parallelism, in BF16, FP8
 DelayedScaling (amax reduced over the group) and Float8CurrentScaling; outputs, the input
 gradient and every parameter gradient, plus return_bias / return_layernorm_output, under each
-NVTE_TP_OVERLAP schedule (row blocks with the copy engines, row blocks with NCCL, whole GEMMs).
+NVTE_TP_OVERLAP schedule (row blocks with the copy engines, row blocks with NCCL, whole GEMMs),
+and sequence-parallel modules replayed from CUDA graphs against the same modules run eagerly.
 Needs two GPUs; the same modules are checked in two-process gloo groups on the CPU in
 tests/pytorch."""
 import faulthandler
@@ -23,6 +24,7 @@ from nccl_spawn import free_port, start_ranks, watch_for_hang  # noqa: E402
 WORLD = 2
 CASES = tp_cases.all_cases()
 SCHEDULES = ("1", "nccl", "0")
+GRAPHED = ("layernorm_mlp", "transformer_layer")  # sequence-parallel in and out, replayed from graphs
 
 
 def _gpus() -> int:
@@ -47,6 +49,13 @@ def _worker(rank: int, port: int, out_path: str):
                 errs = tp_cases.run_case(case, group, rank, WORLD)
                 results[key] = {"errors": errs}
             except Exception:  # recorded per case; the other cases still run
+                results[key] = {"exception": traceback.format_exc(limit=6)}
+            dist.barrier(group=group)
+        for module in GRAPHED:
+            key = f"{schedule}/graphed-{module}"
+            try:
+                results[key] = {"errors": tp_cases.run_graphed(module, group, rank, WORLD)}
+            except Exception:  # recorded; the other runs still go on
                 results[key] = {"exception": traceback.format_exc(limit=6)}
             dist.barrier(group=group)
         results[f"{schedule}/copy_engine_transfers"] = {
@@ -82,6 +91,17 @@ def test_split_module_matches_unsplit(results, schedule, case):
         bad = {k: (round(err, 5), round(allowed, 5)) for k, (err, allowed) in got["errors"].items()
                if not err <= allowed}
         assert not bad, f"rank {rank}: norm-relative (error, allowed) above the bound: {bad}"
+
+
+@pytest.mark.parametrize("module", GRAPHED)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_graphed_split_module_matches_eager(results, schedule, module):
+    for rank, res in enumerate(results):
+        got = res[f"{schedule}/graphed-{module}"]
+        assert "exception" not in got, f"rank {rank}:\n{got.get('exception')}"
+        bad = {k: (round(err, 5), allowed) for k, (err, allowed) in got["errors"].items()
+               if not err <= allowed}
+        assert not bad, f"rank {rank}: graphed against eager, (error, allowed): {bad}"
 
 
 def test_default_schedule_moves_rows_with_copy_engines(results):

@@ -249,3 +249,36 @@ def run_case(case: Case, group, rank: int, world: int) -> dict:
         for k, err in errors.items():
             report[k] = [err, max(bound, NOISE_FACTOR * noise.get(k, 0.0))]
     return report
+
+
+def run_graphed(module: str, group, rank: int, world: int) -> dict:
+    """{quantity: [error, allowed]} of a split, sequence-parallel BF16 module replayed from CUDA
+    graphs (te.make_graphed_callables, its collectives captured) against the same module run
+    eagerly: output, input gradient and every parameter gradient of three replays on new
+    inputs. The collectives the schedule picks (copy engines, NCCL) must capture and replay."""
+    case = Case(module, True, "bf16")
+    gen = torch.Generator(device="cpu").manual_seed(99 + rank)
+    _, eager = _build(case, group, world)
+    _, graphed_module = _build(case, group, world)  # (a deep copy would copy the group too)
+    graphed_module.load_state_dict(eager.state_dict())
+    shape = (SEQ // world, BATCH, _input_shape(case)[-1])
+    sample = torch.randn(shape, generator=gen).to(DEVICE, torch.bfloat16).requires_grad_()
+    graphed = te.make_graphed_callables(graphed_module, (sample,))
+    report = {}
+    for step in range(3):
+        x = torch.randn(shape, generator=gen).to(DEVICE, torch.bfloat16)
+        dy = torch.randn(shape[:-1] + (HIDDEN,), generator=gen).to(DEVICE, torch.bfloat16)
+        outs = []
+        for fn, m in ((eager, eager), (graphed, graphed_module)):
+            m.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            y = fn(xi)
+            y.backward(dy)
+            outs.append((y.detach(), xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+        (ye, dxe, ge), (yg, dxg, gg) = outs
+        report[f"step{step}.out"] = [_rel(yg, ye), 1e-2]
+        report[f"step{step}.dx"] = [_rel(dxg, dxe), 1e-2]
+        for n in ge:
+            report[f"step{step}.d{n}"] = [_rel(gg[n], ge[n]), 1e-2]
+    torch.cuda.synchronize()
+    return report
