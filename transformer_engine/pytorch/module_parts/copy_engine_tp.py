@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ...common import config
+
 try:  # absent from CPU-only and older builds of torch
     from torch.distributed import _symmetric_memory as _symm
 except ImportError:  # pragma: no cover - depends on the torch build
@@ -58,6 +60,14 @@ def usable(t: torch.Tensor, tp, nbytes: int) -> str | None:
     if torch.cuda.is_current_stream_capturing() and _workspace_bytes(name) < nbytes:
         return None
     return name
+
+
+def chosen(t: torch.Tensor, tp, nbytes: int) -> str | None:
+    """usable(), when NVTE_TP_OVERLAP asks for the copy engines (its default) outside a traced
+    graph, else None."""
+    if torch.compiler.is_compiling() or config.tp_overlap() != "1":
+        return None
+    return usable(t, tp, nbytes)
 
 
 def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,

@@ -15,8 +15,10 @@ run the gather asynchronously (gloo) it completes first and the blocks run back 
 the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
 
 Both gathers fit the column side: `PendingRows` (high precision, made here) and the FP8 one of
-sequence_parallel_fp8 (`PendingFP8Rows`, NCCL); each holds this rank's rows (`local`), its rank
-and the gathered buffer (`data`), valid after `wait()`.
+sequence_parallel_fp8 (`PendingFP8Rows`); each holds this rank's rows (`local`), its rank and the
+gathered buffer (`data`), valid after `wait()`. A gather the copy engines will move is not
+started when it is made: gemm_over_gather runs it under the GEMM's blocks (a `wait()` before
+that gathers through NCCL).
 """
 from __future__ import annotations
 
@@ -68,9 +70,8 @@ def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
     local = local.contiguous()
     out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]), dtype=local.dtype,
                       device=local.device)
-    mode = _mode()
-    if mode == "1" and local.shape[0] > 0:
-        name = copy_engine_tp.usable(local, tp, local.numel() * local.element_size())
+    if local.shape[0] > 0:
+        name = copy_engine_tp.chosen(local, tp, local.numel() * local.element_size())
         if name is not None:
             return PendingRows(local, out, None, get_distributed_rank(tp.group), tp.group, name)
     if dist.get_backend(tp.group) == "nccl":
@@ -96,12 +97,15 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     Returns what pending.wait() returns (the gathered rows, with their FP8 transpose for the FP8
     gather)."""
     if getattr(pending, "copy_engine", None) is not None:
-        rows = pending.local.shape[0]
+        rows, dtype = pending.local.shape[0], pending.local.dtype
 
+        # FP8 rows travel as bytes (the pipelines copy any dtype; bytes keep them to one)
         def consume(block, src):
-            gemm(block, [o[src * rows:(src + 1) * rows] for o in outs])
+            gemm(block.view(dtype), [o[src * rows:(src + 1) * rows] for o in outs])
         name, pending.copy_engine = pending.copy_engine, None
-        return copy_engine_tp.gather_and_consume(pending.local, pending.data, name, consume)
+        copy_engine_tp.gather_and_consume(pending.local.view(torch.uint8),
+                                          pending.data.view(torch.uint8), name, consume)
+        return pending.wait()  # the gathered rows (FP8: with their transpose, made now)
     if not _overlap():
         arrived = pending.wait()
         gemm(pending.data, list(outs))
@@ -130,10 +134,9 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
     block_multiple (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered."""
     world = tp.size
     rows = x.shape[0] // world
-    mode = _mode()
-    blocks = rows > 0 and rows % block_multiple == 0 and mode != "0"
-    if blocks and mode == "1":
-        name = copy_engine_tp.usable(x, tp, 2 * rows * out_cols * torch.finfo(dtype).bits // 8)
+    blocks = rows > 0 and rows % block_multiple == 0 and _overlap()
+    if blocks:
+        name = copy_engine_tp.chosen(x, tp, 2 * rows * out_cols * torch.finfo(dtype).bits // 8)
         if name is not None:
             return copy_engine_tp.produce_and_reduce_scatter(
                 rows, out_cols, world, dtype, x.device, name,

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather_bytes_first_dim, get_distributed_rank
 from ..library.cast import transposed
+from . import copy_engine_tp
 
 
 def _holds_every_rank(amax_group, tp_group) -> bool:
@@ -60,13 +61,21 @@ class PendingFP8Rows:
     """An FP8 all-gather in flight (async_op): `wait()` returns (gathered data, its transpose
     or None), the transpose made once the bytes are here. `local` (this rank's rows) and `rank`
     let a GEMM start on those rows before the others land (see gather_gemm.py)."""
-    __slots__ = ("data", "handle", "need_transpose", "local", "rank")
+    __slots__ = ("data", "handle", "need_transpose", "local", "rank", "group", "copy_engine")
 
-    def __init__(self, data, handle, need_transpose, local=None, rank=0):
+    def __init__(self, data, handle, need_transpose, local=None, rank=0, group=None,
+                 copy_engine=None):
         self.data, self.handle, self.need_transpose = data, handle, need_transpose
         self.local, self.rank = local, rank
+        # copy_engine: the group's name while the gather waits for gather_gemm.gemm_over_gather
+        # to run it with the copy engines; a wait() before that gathers through NCCL instead
+        self.group, self.copy_engine = group, copy_engine
 
     def wait(self):
+        if self.copy_engine is not None:
+            dist.all_gather_into_tensor(self.data.view(torch.uint8), self.local.view(torch.uint8),
+                                        group=self.group)
+            self.copy_engine = None
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
@@ -80,6 +89,13 @@ def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
     shared scale) over tp.group; with async_op the collective runs while the caller casts its
     weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
     for the collective's stream, with no host synchronisation)."""
+    if async_op and local.shape[0] % 16 == 0:  # rows an FP8 GEMM block can take
+        name = copy_engine_tp.chosen(local, tp, local.numel())
+        if name is not None:  # moved under the GEMM's blocks (gather_gemm.gemm_over_gather)
+            out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]),
+                              dtype=local.dtype, device=local.device)
+            return PendingFP8Rows(out, None, need_transpose, local.contiguous(),
+                                  get_distributed_rank(tp.group), tp.group, name)
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
     return PendingFP8Rows(out.view(local.dtype), handle, need_transpose, local,
                           get_distributed_rank(tp.group))
