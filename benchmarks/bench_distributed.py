@@ -31,6 +31,7 @@ The JSON is written as the rows land ("complete": false, the split rows rank 0's
 whole at the end ("complete": true, the split rows the slowest rank's).
 """
 import argparse
+import gc
 import json
 import os
 import socket
@@ -112,6 +113,10 @@ def _time_graphed(name, make_layer, x, dy, make_recipe, rounds, group=None, barr
     except Exception as exc:  # noqa: BLE001  (a capture failure is a result too)
         print(f"{name}: not captured: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return f"{type(exc).__name__}: {str(exc)[:200]}"
+    # a graphed module refers to itself through its forward: the cycle collector frees its graphs
+    # (and their memory, and their hold on the group's communicators, which
+    # destroy_process_group waits for)
+    gc.collect()
     torch.cuda.empty_cache()
     return ms
 
@@ -304,6 +309,7 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
         _note(rank, partial, json_path, "cp_attention", res["cp_attention"])
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
+    gc.collect()  # graphs that captured collectives must be gone before the communicators go
     dist.destroy_process_group()
 
 

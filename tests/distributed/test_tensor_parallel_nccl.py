@@ -8,6 +8,7 @@ and sequence-parallel modules replayed from CUDA graphs against the same modules
 Needs two GPUs; the same modules are checked in two-process gloo groups on the CPU in
 tests/pytorch."""
 import faulthandler
+import gc
 import json
 import os
 import sys
@@ -63,6 +64,9 @@ def _worker(rank: int, port: int, out_path: str):
     results["copy_engine_available"] = copy_engine_tp.available()
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(results, f)
+    # NCCL's communicator teardown waits until every CUDA graph that captured one of its
+    # collectives is destroyed; a graphed module is freed only by the cycle collector
+    gc.collect()
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
 

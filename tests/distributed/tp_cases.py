@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 
 import torch
 import torch.distributed as dist
@@ -281,4 +282,8 @@ def run_graphed(module: str, group, rank: int, world: int) -> dict:
         for n in ge:
             report[f"step{step}.d{n}"] = [_rel(gg[n], ge[n]), 1e-2]
     torch.cuda.synchronize()
+    # the graphs hold the group's communicators until destroyed (a graphed module refers to
+    # itself through its forward, so the cycle collector frees it)
+    del graphed, graphed_module, outs
+    gc.collect()
     return report

@@ -351,7 +351,11 @@ def _body_copy_engine_blocks(rank, world, group):
     # high precision: the column gathers and the backward's output-gradient gathers too
     from test_module_parallel import _check_norm_modules, _check_parallel
     _check_parallel(rank, world)
+    before = copy_engine_tp.transfers["reduce_scatter"]
     _check_norm_modules(rank, world)
+    # with sequence parallelism: FC2's forward and, in the backward, the norm output's gradient
+    # of LayerNormLinear and of LayerNormMLP, each made in blocks the pipelines reduce-scatter
+    assert copy_engine_tp.transfers["reduce_scatter"] - before == 3, copy_engine_tp.transfers
     used = copy_engine_tp.transfers
     assert used["gather"] > 0 and used["reduce_scatter"] > 0, used
 

@@ -151,8 +151,8 @@ class _LayerNormLinearFn(torch.autograd.Function):
         elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
             if ctx.need_dgrad:
-                dln = _gemms.dgrad_fp8(w_saved, w_sinv, dyq, dy_sinv, ctx.dtype)
-                pending = ctx.tp.start_reduce_grad(dln)
+                pending = ctx.tp.dgrad_and_reduce(dyq, in_features, ctx.dtype, lambda rows, o: (
+                    _gemms.dgrad_fp8(w_saved, w_sinv, rows, dy_sinv, ctx.dtype, out=o)), 16)
             if ctx.need_wgrad:
                 dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
                     ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
@@ -160,8 +160,8 @@ class _LayerNormLinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
             if ctx.need_dgrad:
-                dln = _gemms.dgrad_hp(w_saved, dy)
-                pending = ctx.tp.start_reduce_grad(dln)
+                pending = ctx.tp.dgrad_and_reduce(dy, in_features, ctx.dtype, lambda rows, o: (
+                    _gemms.dgrad_hp(w_saved, rows, out=o)))
             delay = module.delay_wgrad_compute
             if ctx.need_wgrad and db_dtype is not None and not delay:
                 dw, db = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,

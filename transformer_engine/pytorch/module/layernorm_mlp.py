@@ -284,8 +284,8 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
                 dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
-                dln = _gemms.dgrad_fp8(w1_t, w1_sinv, dhq, dh_sinv, dtype)
-                pending = ctx.tp.start_reduce_grad(dln)
+                pending = ctx.tp.dgrad_and_reduce(dhq, w1_shape[1], dtype, lambda rows, o: (
+                    _gemms.dgrad_fp8(w1_t, w1_sinv, rows, dh_sinv, dtype, out=o)), 16)
             if need["w2"]:
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
                     a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
@@ -303,8 +303,8 @@ class _LayerNormMLPFn(torch.autograd.Function):
             if fi.calibrating and dh is not None:
                 record_amax(fi.rs, dh, False, 1)
             if need["dgrad"]:
-                dln = _gemms.dgrad_hp(w1_t, dh)
-                pending = ctx.tp.start_reduce_grad(dln)
+                pending = ctx.tp.dgrad_and_reduce(dh, w1_shape[1], dtype, lambda rows, o: (
+                    _gemms.dgrad_hp(w1_t, rows, out=o)))
             if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
                 dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
                 dw2 = _wgrad.autograd_weight_grad(ctx.weights[1], dw2, fuse)
