@@ -8,7 +8,9 @@ A LayerNormMLP + DenseGeneral block takes three SGD steps under FP8 delayed scal
 and inputs are placed by the logical axis rules of transformer_engine.jax.sharding (batch over
 dp, the MLP's inner dimension over tp). Losses, outputs, gradients and the FP8 metadata must
 match the single-device run; the metadata must be replicated on every device, and the compiled
-step must reduce amaxes with a maximum across devices."""
+step must reduce amaxes with a maximum across devices. Where the single-device run takes the native custom calls (one
+GPU) and the meshed run the partitioned jnp ops, the two are different implementations and are
+held to FP8-rounding bounds (NATIVE) rather than to those of the same ops (SAME_OPS)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +26,7 @@ import transformer_engine.jax as te
 import transformer_engine.jax.flax as te_flax
 from transformer_engine.jax import sharding as tes
 from transformer_engine.common import recipe
+from transformer_engine.jax.primitives.registry import why_reference
 
 BATCH, SEQ, HIDDEN, FFN, STEPS, LR = 8, 16, 64, 96, 3, 0.5
 
@@ -77,6 +80,24 @@ def _close(what, got, want, rtol, atol):
         sys.exit(f"{what}: differs from one device ({err:.3g} times the tolerance)")
 
 
+def _close_norm(what, got, want, rel):
+    """|got - want| <= rel * |want| in the L2 norm: for two implementations whose FP8 casts may
+    round an element to neighbouring FP8 values (a few percent apart), which an elementwise
+    bound would count as a failure."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+    if not err <= rel:
+        sys.exit(f"{what}: differs from one device (relative L2 error {err:.3g}, allowed {rel:g})")
+
+
+# Bounds when the single-device run and the meshed run execute the same jnp ops (the CPU, or
+# NVTE_JAX_CUSTOM_CALLS=0): the same casts, sums in another order only. On one GPU the native
+# custom calls run instead (the meshed run partitions the jnp ops), so the two are different
+# implementations: their accumulations differ and an FP8 cast may land one FP8 step apart.
+SAME_OPS = {"loss": (1e-4, 1e-6), "output": (2e-3, 2e-3), "grad": (1e-2, 1e-4), "meta": 1e-5}
+NATIVE = {"loss": 1e-3, "output": 1e-2, "grad": 2e-2, "meta": 5e-3}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mesh", default="2x2", help="dp x tp")
@@ -91,6 +112,7 @@ def main():
 
     with te.fp8_autocast(True, r):
         single, _ = train(model, params, fp8, lambda a: a)
+    native = why_reference("gemm") == ""  # the single-device run took the custom calls
 
     if len(jax.devices()) < dp * tp:
         sys.exit(f"mesh {args.mesh} needs {dp * tp} devices; {len(jax.devices())} visible")
@@ -112,20 +134,28 @@ def main():
     for k, ((loss1, y1, g1, f1), (loss2, y2, g2, f2)) in enumerate(zip(single, split)):
         # same scales (global amaxes), so the FP8 casts agree; sums split over devices differ
         # in order only
-        _close(f"step {k} loss", loss2, loss1, 1e-4, 1e-6)
-        _close(f"step {k} output", y2, y1, 2e-3, 2e-3)
+        if native:
+            _close(f"step {k} loss", loss2, loss1, NATIVE["loss"], 0)
+            _close_norm(f"step {k} output", y2, y1, NATIVE["output"])
+        else:
+            _close(f"step {k} loss", loss2, loss1, *SAME_OPS["loss"])
+            _close(f"step {k} output", y2, y1, *SAME_OPS["output"])
         for path, a in jax.tree_util.tree_leaves_with_path(g1):
             b = g2
             for key in path:
                 b = b[key.key]
-            _close(f"step {k} grad {jax.tree_util.keystr(path)}", b, a, 1e-2, 1e-4)
+            if native:
+                _close_norm(f"step {k} grad {jax.tree_util.keystr(path)}", b, a, NATIVE["grad"])
+            else:
+                _close(f"step {k} grad {jax.tree_util.keystr(path)}", b, a, *SAME_OPS["grad"])
         for path, a in jax.tree_util.tree_leaves_with_path(f1):
             b = f2
             for key in path:
                 b = b[key.key]
             if not b.sharding.is_fully_replicated:
                 sys.exit(f"FP8 metadata {jax.tree_util.keystr(path)} is not replicated: {b.sharding}")
-            _close(f"step {k} FP8 metadata {jax.tree_util.keystr(path)}", b, a, 1e-5, 0)
+            _close(f"step {k} FP8 metadata {jax.tree_util.keystr(path)}", b, a,
+                   NATIVE["meta"] if native else SAME_OPS["meta"], 0)
     if dp * tp > 1 and not any("all-reduce" in line and "maximum" in line.lower()
                                for line in _reductions(hlo)):
         sys.exit("the compiled step has no max all-reduce (amaxes not reduced across devices)")
