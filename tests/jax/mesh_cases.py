@@ -6,14 +6,19 @@ tests/distributed/test_jax_mesh_gpu.py (meshes 1x2 and 2x1).
 
 A LayerNormMLP + DenseGeneral block takes three SGD steps under FP8 delayed scaling. Parameters
 and inputs are placed by the logical axis rules of transformer_engine.jax.sharding (batch over
-dp, the MLP's inner dimension over tp). Losses, outputs, gradients and the FP8 metadata must
-match the single-device run; the metadata must be replicated on every device, and the compiled
-step must reduce amaxes with a maximum across devices. Where the single-device run takes the native custom calls (one
-GPU) and the meshed run the partitioned jnp ops, the two are different implementations and are
-held to FP8-rounding bounds (NATIVE) rather than to those of the same ops (SAME_OPS)."""
+dp, the MLP's inner dimension over tp). The meshed run partitions the jnp ops, so it must match a
+single-device run of the same ops tightly (losses, outputs, gradients, FP8 metadata, step after
+step); the metadata must be replicated on every device, and the compiled step must reduce amaxes
+with a maximum across devices. Where one device runs the native custom calls instead (a GPU),
+each meshed step is also replayed from the native run's parameters and FP8 state and held to
+FP8-rounding bounds (NATIVE) against that native step: two implementations whose accumulations
+differ, so an FP8 cast may land one step apart, which a free-running comparison would compound
+through the SGD updates."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 import jax
@@ -56,7 +61,10 @@ def _data(seed, scale=1.0):
                        jnp.float32)
 
 
-def train(model, params, fp8, place):
+def train(model, params, fp8, place, place_state=None, starts=None):
+    """STEPS SGD steps: record[k] = (loss, output, grads, new FP8 variables, (params, fp8) the
+    step started from). With `starts` (another run's record) each step starts from that run's
+    state instead of this run's previous step, placed by `place_state`."""
     def loss_fn(p, f, x, t):
         y = model.apply({"params": p, **f}, x)
         return jnp.mean((y - t) ** 2), y
@@ -64,13 +72,30 @@ def train(model, params, fp8, place):
     step = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))
     record = []
     for k in range(STEPS):
+        if starts is not None:
+            params, fp8 = place_state(*starts[k][4])
         x, t = place(_data(10 + k)), place(_data(20 + k, 0.5))
         (loss, y), (g, gf) = step(params, fp8, x, t)
-        fp8 = te.update_fp8_metas(gf)
-        record.append((loss, y, g, fp8))
+        record.append((loss, y, g, te.update_fp8_metas(gf), (params, fp8)))
+        fp8 = record[-1][3]
         params = jax.tree_util.tree_map(lambda a, b: a - LR * b, params, g)
     hlo = step.lower(params, fp8, x, t).compile().as_text()
     return record, hlo
+
+
+@contextlib.contextmanager
+def _jnp_ops():
+    """The jnp ops on every device (the custom calls off), for the single-device run that the
+    meshed run must match tightly."""
+    saved = os.environ.get("NVTE_JAX_CUSTOM_CALLS")
+    os.environ["NVTE_JAX_CUSTOM_CALLS"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["NVTE_JAX_CUSTOM_CALLS"]
+        else:
+            os.environ["NVTE_JAX_CUSTOM_CALLS"] = saved
 
 
 def _close(what, got, want, rtol, atol):
@@ -98,6 +123,37 @@ SAME_OPS = {"loss": (1e-4, 1e-6), "output": (2e-3, 2e-3), "grad": (1e-2, 1e-4), 
 NATIVE = {"loss": 1e-3, "output": 1e-2, "grad": 2e-2, "meta": 5e-3}
 
 
+def _leaves(tree, like):
+    for path, a in jax.tree_util.tree_leaves_with_path(like):
+        b = tree
+        for key in path:
+            b = b[key.key]
+        yield jax.tree_util.keystr(path), b, a
+
+
+def _compare(split, single, against, bounds):
+    """Every step's loss, output, gradients and new FP8 metadata of the meshed run against
+    `single`: elementwise under SAME_OPS, by relative L2 norm under NATIVE."""
+    native = bounds is NATIVE
+    for k, ((loss1, y1, g1, f1, _), (loss2, y2, g2, f2, _)) in enumerate(zip(single, split)):
+        tag = f"step {k} ({against})"
+        if native:
+            _close(f"{tag} loss", loss2, loss1, bounds["loss"], 0)
+            _close_norm(f"{tag} output", y2, y1, bounds["output"])
+        else:
+            _close(f"{tag} loss", loss2, loss1, *bounds["loss"])
+            _close(f"{tag} output", y2, y1, *bounds["output"])
+        for name, b, a in _leaves(g2, g1):
+            if native:
+                _close_norm(f"{tag} grad {name}", b, a, bounds["grad"])
+            else:
+                _close(f"{tag} grad {name}", b, a, *bounds["grad"])
+        for name, b, a in _leaves(f2, f1):
+            if not b.sharding.is_fully_replicated:
+                sys.exit(f"FP8 metadata {name} is not replicated: {b.sharding}")
+            _close(f"{tag} FP8 metadata {name}", b, a, bounds["meta"], 0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mesh", default="2x2", help="dp x tp")
@@ -110,9 +166,11 @@ def main():
     params = variables["params"]
     fp8 = {k: v for k, v in variables.items() if k != "params"}
 
+    native = why_reference("gemm") == ""  # one device runs the custom calls
     with te.fp8_autocast(True, r):
-        single, _ = train(model, params, fp8, lambda a: a)
-    native = why_reference("gemm") == ""  # the single-device run took the custom calls
+        single_native = train(model, params, fp8, lambda a: a)[0] if native else None
+        with _jnp_ops():
+            single, _ = train(model, params, fp8, lambda a: a)
 
     if len(jax.devices()) < dp * tp:
         sys.exit(f"mesh {args.mesh} needs {dp * tp} devices; {len(jax.devices())} visible")
@@ -123,44 +181,30 @@ def main():
         rules = te_flax.extend_logical_axis_rules(())
         shardings = nn.logical_to_mesh_sharding(PARAM_AXES, mesh, rules)
         in_sharding = nn.logical_to_mesh_sharding(INPUT_AXES, mesh, rules)
-        sharded_params = jax.device_put(params, shardings)
-        sharded_fp8 = jax.device_put(fp8, NamedSharding(mesh, P()))
-        split, hlo = train(model, sharded_params, sharded_fp8,
-                           lambda a: jax.device_put(a, in_sharding))
+
+        def place_state(p, f):
+            return jax.device_put(p, shardings), jax.device_put(f, NamedSharding(mesh, P()))
+
+        def place(a):
+            return jax.device_put(a, in_sharding)
+
+        split, hlo = train(model, *place_state(params, fp8), place)
+        replayed = (train(model, params, fp8, place, place_state, starts=single_native)[0]
+                    if native else None)
 
     wi = split[0][2]["LayerNormMLP_0"]["wi_kernel"]
     if tp > 1 and wi.sharding.shard_shape(wi.shape)[-1] != FFN // tp:
         sys.exit(f"wi_kernel's gradient is not split over tp: {wi.sharding}")
-    for k, ((loss1, y1, g1, f1), (loss2, y2, g2, f2)) in enumerate(zip(single, split)):
-        # same scales (global amaxes), so the FP8 casts agree; sums split over devices differ
-        # in order only
-        if native:
-            _close(f"step {k} loss", loss2, loss1, NATIVE["loss"], 0)
-            _close_norm(f"step {k} output", y2, y1, NATIVE["output"])
-        else:
-            _close(f"step {k} loss", loss2, loss1, *SAME_OPS["loss"])
-            _close(f"step {k} output", y2, y1, *SAME_OPS["output"])
-        for path, a in jax.tree_util.tree_leaves_with_path(g1):
-            b = g2
-            for key in path:
-                b = b[key.key]
-            if native:
-                _close_norm(f"step {k} grad {jax.tree_util.keystr(path)}", b, a, NATIVE["grad"])
-            else:
-                _close(f"step {k} grad {jax.tree_util.keystr(path)}", b, a, *SAME_OPS["grad"])
-        for path, a in jax.tree_util.tree_leaves_with_path(f1):
-            b = f2
-            for key in path:
-                b = b[key.key]
-            if not b.sharding.is_fully_replicated:
-                sys.exit(f"FP8 metadata {jax.tree_util.keystr(path)} is not replicated: {b.sharding}")
-            _close(f"step {k} FP8 metadata {jax.tree_util.keystr(path)}", b, a,
-                   NATIVE["meta"] if native else SAME_OPS["meta"], 0)
+    _compare(split, single, "one device", SAME_OPS)
+    if native:
+        _compare(replayed, single_native, "one device's native step", NATIVE)
     if dp * tp > 1 and not any("all-reduce" in line and "maximum" in line.lower()
                                for line in _reductions(hlo)):
         sys.exit("the compiled step has no max all-reduce (amaxes not reduced across devices)")
     n_max = sum("maximum" in line.lower() for line in _reductions(hlo))
-    print(f"mesh {args.mesh}: {STEPS} FP8 steps match one device ({n_max} max all-reduces in the step)")
+    also = ", each replayed step matches one device's native step" if native else ""
+    print(f"mesh {args.mesh}: {STEPS} FP8 steps match one device{also} ({n_max} max all-reduces "
+          f"in the step)")
 
 
 def _reductions(hlo: str):

@@ -40,6 +40,21 @@ def test_quantize_matches_torch_reference(fmt, flavor, torch_dtype, shape, dtype
     assert np.array_equal(np.asarray(dt).view(np.uint8), np.asarray(d).reshape(-1, shape[-1]).T.view(np.uint8))
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_compiled_quantize_dequantize_keeps_fp8_rounding(fmt):
+    # on the default device (the GPU where there is one), compiled as one program: the compiler
+    # must not fold the FP8 cast and the dequantizing cast away
+    dtype = jops.fp8_dtype(fmt, "ocp")
+    x = jnp.asarray(np.random.default_rng(3).standard_normal(4096).astype(np.float32) * 7)
+    qdq = jax.jit(lambda v: jops.dequantize(*jops.quantize(v, 2.0, dtype)[:2]))
+    want = np.asarray(jax.device_put(x, CPU)).astype(np.float32) * 2.0
+    limit = 448.0 if fmt == "e4m3" else 57344.0
+    want = np.clip(want, -limit, limit).astype(dtype).astype(np.float32) * 0.5
+    got = np.asarray(qdq(x))
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} of {x.size} values not FP8-rounded"
+    assert np.count_nonzero(want != np.asarray(x)) > x.size // 2  # the rounding is visible
+
+
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("margin", [0, 2])
 def test_delayed_scaling_matches_torch_reference(algo, margin):

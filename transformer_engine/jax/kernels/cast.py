@@ -3,6 +3,7 @@ quantize(x) = saturate(float32(x) * scale) rounded to nearest even, scale_inv = 
 amax = max|x| (NaN propagates). Functional: results are returned, nothing is updated in place."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ...common import fp8_formats
@@ -29,6 +30,10 @@ def quantize(x, scale, fp8_dtype):
     limit = _fp8_max(fp8_dtype)
     scale = jnp.asarray(scale, jnp.float32).reshape(())
     data = jnp.clip(x.astype(jnp.float32) * scale, -limit, limit).astype(fp8_dtype)
+    # XLA's GPU pipeline (with its default xla_allow_excess_precision) folds a float32 -> FP8 ->
+    # float32 convert pair into nothing, which would drop the FP8 rounding wherever the data is
+    # dequantized right away; the barrier keeps the FP8 values the consumers see.
+    data = jax.lax.optimization_barrier(data)
     amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if x.size else jnp.float32(0)
     return data, (1.0 / scale).reshape(1), amax.reshape(1)
 
