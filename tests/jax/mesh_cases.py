@@ -115,12 +115,13 @@ def _close_norm(what, got, want, rel):
         sys.exit(f"{what}: differs from one device (relative L2 error {err:.3g}, allowed {rel:g})")
 
 
-# Bounds when the single-device run and the meshed run execute the same jnp ops (the CPU, or
-# NVTE_JAX_CUSTOM_CALLS=0): the same casts, sums in another order only. On one GPU the native
-# custom calls run instead (the meshed run partitions the jnp ops), so the two are different
-# implementations: their accumulations differ and an FP8 cast may land one FP8 step apart.
+# SAME_OPS: the meshed run against a single-device run of the same jnp ops: the same casts, sums
+# in another order only. NATIVE: a replayed meshed step against one device's native step, two
+# implementations: the native FP8 GEMMs accumulate in the tensor cores' own order and precision,
+# so a cast downstream may land one FP8 step apart (E4M3's relative step is 6.25-12.5 %, the
+# gradients' E5M2 12.5-25 %); bounded by relative L2 norm, well inside one step.
 SAME_OPS = {"loss": (1e-4, 1e-6), "output": (2e-3, 2e-3), "grad": (1e-2, 1e-4), "meta": 1e-5}
-NATIVE = {"loss": 1e-3, "output": 1e-2, "grad": 2e-2, "meta": 5e-3}
+NATIVE = {"loss": 1e-3, "output": 2e-2, "grad": 5e-2, "meta": 5e-3}
 
 
 def _leaves(tree, like):
