@@ -2,11 +2,14 @@
 steps with an in-place optimizer update between them: outputs, gradients and (FP8
 DelayedScaling) the amax history and scales that the replays advance, bit for bit."""
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
 
 import transformer_engine.pytorch as te
+from transformer_engine.pytorch import graph as graph_mod
 from transformer_engine.common import recipe
 from utils import native_gpu_reason, randn
 
@@ -110,3 +113,34 @@ def test_no_gpu_is_a_clear_error():
 def test_exported_names():
     from transformer_engine.pytorch.graph import make_graphed_callables
     assert te.make_graphed_callables is make_graphed_callables
+
+
+@pytest.mark.parametrize("name", ["LayerNormLinear", "LayerNormMLP"])
+def test_released_capture_autograd_frees_the_module(name):
+    # the CPU half: an output that keeps its autograd graph (as the static outputs of a capture
+    # do) keeps a norm module alive through its Function's context until the release
+    mod = getattr(te, name)(64, 96, device="cpu")
+    x = torch.randn(8, 64, requires_grad=True)
+    y = mod(x)
+    y.sum().backward()
+    ref = weakref.ref(mod)
+    del mod
+    gc.collect()
+    assert ref() is not None
+    graph_mod.release_captured_autograd(y, (x,))
+    gc.collect()
+    assert ref() is None
+    assert y.grad_fn is not None  # the tensor itself is untouched
+
+
+@needs_gpu
+def test_graphed_module_is_freed_when_dropped():
+    # its graphs (and any communicators they captured) go with it
+    mod = te.LayerNormMLP(64, 96, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mod = te.make_graphed_callables(mod, (x,))
+    mod(x).sum().backward()
+    ref = weakref.ref(mod)
+    del mod
+    gc.collect()
+    assert ref() is None

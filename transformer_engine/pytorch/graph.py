@@ -67,8 +67,36 @@ class _AutocastCallable(torch.nn.Module):
                           amax_reduction_group=group):
                 out = self._run(*args, **self._kwargs)
             flush_deferred_updates()  # the forward update in the forward graph (see above)
-            return out
-        return self._run(*args, **self._kwargs)
+        else:
+            out = self._run(*args, **self._kwargs)
+        if torch.cuda.is_current_stream_capturing():
+            self._captured = out  # torch keeps these as the graph's static outputs
+        return out
+
+
+def release_captured_autograd(outputs, inputs=()) -> None:
+    """Empties the contexts of the custom autograd nodes behind `outputs`.
+
+    torch keeps the tensors a captured forward returned (the graph's static outputs) for the
+    life of the graphs, and with them the autograd graph recorded during capture, which is never
+    run again (replays go through their own autograd function). The te Functions' contexts refer
+    to their module, whose graphed forward refers to the graphs: a cycle that passes through
+    C++ autograd nodes, which Python's garbage collector cannot see, so the module, its graphs
+    and the NCCL communicators they captured would live until the process ends (and
+    torch.distributed.destroy_process_group() would wait for them). The walk stops at the
+    autograd nodes that made `inputs` (recorded before the capture, and still the caller's)."""
+    stack = [t.grad_fn for t in torch.utils._pytree.tree_leaves(outputs)
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    # by id, holding each node so that no id is reused during the walk
+    seen = {id(n): n for n in (t.grad_fn for t in inputs if isinstance(t, torch.Tensor)) if n is not None}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            vars(node).clear()
+        stack.extend(fn for fn, _ in node.next_functions)
 
 
 def _te_modules(callables):
@@ -223,6 +251,8 @@ def make_graphed_callables(modules, sample_args, num_warmup_iters: int = 3,
             rs.load_dict(saved if saved is not None else _fresh_state(rs))
     torch.cuda.synchronize()
 
+    for w, args in zip(wrapped, sample_args):
+        release_captured_autograd(w.__dict__.pop("_captured", None), args)
     results = []
     for c, g in zip(callables, graphed):
         if isinstance(c, torch.nn.Module):
