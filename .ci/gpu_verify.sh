@@ -62,7 +62,9 @@ else
 fi
 
 TE_LIB_DIR=$($PY -c "import os, transformer_engine as t; print(os.path.dirname(t.__file__))")
-pytest_target=${PYTEST_ARGS:-tests}
+# the NCCL suites (tests/distributed) belong to the GPUS=2 mode: run in the same pytest process
+# before tests/pytorch/test_graph.py on a two-GPU machine, they have left its captures failing
+pytest_target=${PYTEST_ARGS:-tests --ignore=tests/distributed}
 spread=()
 if [ "${XDIST:-0}" -gt 0 ]; then
   export TE_TEST_SPREAD_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l) PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
