@@ -20,6 +20,7 @@ import torch.distributed as dist
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module import layernorm_linear as lnl_mod
+from transformer_engine.pytorch.module import layernorm_mlp as lnmlp_mod
 from transformer_engine.pytorch.module import linear as linear_mod
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +31,8 @@ from utils import randn, tols  # noqa: E402
 SEQ, BATCH, HIDDEN, FFN = 16, 3, 48, 96
 DTYPE = torch.bfloat16
 KINDS = ("linear", "layernorm_linear", "layernorm_mlp")
+# a row-parallel Linear: no input gather; its backward gathers the output gradient (as FC2's)
+ROW_OUTPUT = ("layernorm_mlp", "linear_row")
 # the gathers go through torch.distributed.all_gather (counted below); the copy-engine test
 # moves them through its stand-in pipelines instead and checks their bytes there
 COUNT_NCCL_GATHERS = True
@@ -65,6 +68,9 @@ def _build(kind, group, world):
         return (te.LayerNormLinear(HIDDEN, FFN, **kw),
                 te.LayerNormLinear(HIDDEN, FFN, parallel_mode="column", **par, **kw),
                 {"weight": 0, "bias": 0})
+    if kind == "linear_row":  # row parallel: the input split by features, the output by rows
+        return (te.Linear(FFN, HIDDEN, **kw), te.Linear(FFN, HIDDEN, parallel_mode="row", **par, **kw),
+                {"weight": 1})
     return (te.LayerNormMLP(HIDDEN, FFN, **kw),
             te.LayerNormMLP(HIDDEN, FFN, set_parallel_mode=True, **par, **kw),
             {"fc1_weight": 0, "fc1_bias": 0, "fc2_weight": 1})
@@ -85,7 +91,7 @@ def _pair(kind, group, rank, world, seed):
 
 
 def _out_part(kind, y, rank, world):
-    if kind == "layernorm_mlp":  # ends row-parallel: all features, this rank's sequence part
+    if kind in ROW_OUTPUT:  # ends row-parallel: all features, this rank's sequence part
         return y.chunk(world, 0)[rank]
     return y.chunk(world, -1)[rank]  # column-parallel: this rank's output features
 
@@ -115,13 +121,14 @@ def _run_split(kind, part, x_part, dy_part, make, group):
 
 
 def _inputs(step, rank, world, kind):
-    x = randn((SEQ, BATCH, HIDDEN), torch.float32, "cpu", seed=100 + step)
+    x = randn((SEQ, BATCH, FFN if kind == "linear_row" else HIDDEN), torch.float32, "cpu",
+              seed=100 + step)
     x[SEQ // 2:] *= 3  # the ranks' sequence parts differ in amax
     x = x.to(DTYPE)
-    out_shape = (SEQ, BATCH, HIDDEN if kind == "layernorm_mlp" else FFN)
+    out_shape = (SEQ, BATCH, HIDDEN if kind in ROW_OUTPUT else FFN)
     dy = randn(out_shape, torch.float32, "cpu", seed=200 + step).to(DTYPE)
-    x_part = x.chunk(world, 0)[rank].contiguous()
-    if kind == "layernorm_mlp":
+    x_part = x.chunk(world, -1 if kind == "linear_row" else 0)[rank].contiguous()
+    if kind in ROW_OUTPUT:
         dy_part = dy.chunk(world, 0)[rank].contiguous()
     else:
         dy_part = dy.chunk(world, -1)[rank].contiguous()
@@ -148,10 +155,12 @@ def _check_against_unsplit(kind, name, group, rank, world):
         y, dx, grads, fwd, bwd = _run_split(kind, part, x_part, dy_part, make, group)
         where = f"{kind} {name} step {step}"
         if COUNT_NCCL_GATHERS:
-            # forward: one gather, of this rank's rows in FP8 (1 byte each)
-            assert fwd == [(local_elems, 1)], (where, fwd)
-            # backward: no input gather; LayerNormMLP's row-parallel output gathers its gradient
-            want_bwd = [(SEQ // world * BATCH * HIDDEN, 2)] if kind == "layernorm_mlp" else []
+            # forward: one gather, of this rank's rows in FP8 (1 byte each); none row parallel
+            assert fwd == ([] if kind == "linear_row" else [(local_elems, 1)]), (where, fwd)
+            # backward: no input gather; a row-parallel output (LayerNormMLP's FC2, the row
+            # Linear) gathers its gradient, in FP8 too (each rank's rows cast with the shared
+            # scale)
+            want_bwd = [(SEQ // world * BATCH * HIDDEN, 1)] if kind in ROW_OUTPUT else []
             assert bwd == want_bwd, (where, bwd)
         # delayed: the same scales, so the FP8 operands are the unsplit module's and only the
         # split's sums of bf16 partial results (reduce-scatters, all-reduces) differ: within
@@ -159,7 +168,8 @@ def _check_against_unsplit(kind, name, group, rank, world):
         # are scaled per shard, so their FP8 roundings differ: within one E4M3 rtol
         bound = tols(DTYPE if name == "delayed" else torch.float8_e4m3fn)["rtol"]
         _close(y, _out_part(kind, yf.detach(), rank, world), bound, f"{where} output")
-        _close(dx, xf.grad.chunk(world, 0)[rank], bound, f"{where} dx")
+        _close(dx, xf.grad.chunk(world, -1 if kind == "linear_row" else 0)[rank], bound,
+               f"{where} dx")
         for n, p in full.named_parameters():
             want = p.grad.chunk(world, splits[n])[rank] if n in splits else p.grad
             _close(grads[n], want, bound, f"{where} d{n}")
@@ -173,7 +183,7 @@ class _HighPrecisionGather:
     """Switches the FP8 gather off in the modules: the high-precision gather, then the cast."""
 
     def __enter__(self):
-        self.saved = [(mod, mod.fp8_gather_applies) for mod in (lnl_mod, linear_mod)]
+        self.saved = [(mod, mod.fp8_gather_applies) for mod in (lnl_mod, lnmlp_mod, linear_mod)]
         for mod, _ in self.saved:
             mod.fp8_gather_applies = lambda fi, tp: False
 
@@ -244,7 +254,10 @@ def _check_checkpoint_recompute(kind, name, group, rank, world):
                 y = te.checkpoint(part, xp) if checkpointed else part(xp)
             y.backward(dy_part)
         fp8_gathers = [c for c in gathers.calls if c[1] == 1]
-        assert len(fp8_gathers) == (2 if checkpointed else 1), (kind, name, gathers.calls)
+        # the forward's input gather (again in the recompute), and LayerNormMLP's backward
+        # gathers its output gradient in FP8 once either way
+        want = (2 if checkpointed else 1) + (kind == "layernorm_mlp")
+        assert len(fp8_gathers) == want, (kind, name, gathers.calls)
         results.append((y.detach(), xp.grad, _grads(part, group)))
     (y1, dx1, g1), (y2, dx2, g2) = results
     assert torch.equal(y1, y2) and torch.equal(dx1, dx2), (kind, name)
@@ -256,6 +269,8 @@ def _body(rank, world, group):
     torch.manual_seed(0)
     # every rank takes part in making every group; each keeps the one of its own rank
     own_group = [dist.new_group([r]) for r in range(world)][rank]
+    for name in RECIPES:
+        _check_against_unsplit("linear_row", name, group, rank, world)
     for kind in KINDS:
         for name in RECIPES:
             _check_against_unsplit(kind, name, group, rank, world)
@@ -276,7 +291,7 @@ def _body_rank_blocks(rank, world, group):
     global BATCH
     BATCH = 4
     torch.manual_seed(0)
-    for kind in KINDS:
+    for kind in KINDS + ("linear_row",):
         for name in RECIPES:
             _check_against_unsplit(kind, name, group, rank, world)
 

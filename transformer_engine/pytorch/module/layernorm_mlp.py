@@ -32,7 +32,8 @@ from ..module_parts.norm_args import check_normalization, param_for, reset_norm_
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
                                         gemm_reduce_scatter, start_gather_rows)
-from ..module_parts.sequence_parallel_fp8 import PendingFP8Rows, arrived
+from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_gather_applies,
+                                                   gather_fp8_grad)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 from .layernorm_linear import norm_for_gemm
@@ -242,17 +243,24 @@ class _LayerNormMLPFn(torch.autograd.Function):
         dy = grad_out.reshape(-1, w2_shape[0])
         dy = (dy if dy.dtype == dtype else dy.to(dtype)).contiguous()
         da = None
+        db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
+        fp8_dy = None  # (dyq, dyq_t, scale_inv, da) of the FP8 gather below
         if ctx.tp.gather:
             # sequence parallel: this rank's rows of the output gradient; FC2 needs all of them.
-            # High precision: FC2's dgrad starts on this rank's rows while the others arrive
-            if ctx.fp8:
+            # FC2's dgrad starts on this rank's rows while the others arrive: in FP8 where the
+            # ranks share the scale (1-byte rows; FC2's bias, outside this Function under tensor
+            # parallelism, needs no column sum here), else in high precision
+            if ctx.fp8 and db2_dtype is None and fp8_gather_applies(fi, ctx.tp):
+                fp8_dy = gather_fp8_grad(fi, ctx.tp, dy, need["w2"], w2_shape[1], (
+                    (lambda rows, sinv, o: _gemms.dgrad_fp8(w2_t, w2_sinv, rows, sinv, dtype, out=o))
+                    if need["fc1"] else None))
+            elif ctx.fp8:
                 dy = ctx.tp.gather_rows(dy)
             else:
                 pending = start_gather_rows(dy, ctx.tp)
                 da = dy.new_empty((dy.shape[0] * ctx.tp.size, w2_shape[1]))
                 dy = gemm_over_gather(pending, (da,), lambda rows, o: _gemms.dgrad_hp(
                     w2_t, rows, out=o[0]))
-        db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
         db2 = None
         dw1 = dw2 = dln = None
         # the dgrad chain first (FC2 dgrad, activation, FC1 dgrad): FC1's input gradient then
@@ -262,7 +270,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # without a gradient below FC2 (need["fc1"] False) only FC2's weight and bias gradients
         # are made, on the checked ops, and FC2's transposed weight was never cast
         nc = (_fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute)
-              if ctx.fp8 and need["fc1"] else None)
+              if ctx.fp8 and need["fc1"] and fp8_dy is None else None)
         if nc is not None:
             # each GEMM's casts and GEMMs in one native call of the Linear step's plan: FC2 casts
             # dy (+ FC2's bias gradient), then its dgrad and wgrad; the activation's backward
@@ -279,9 +287,13 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 w1_shape, dtype, need["dgrad"], need["w1"], ctx.weights[0], fuse, True)
             pending = ctx.tp.start_reduce_grad(dln) if need["dgrad"] else None
         elif ctx.fp8:
-            dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
+            if fp8_dy is not None:
+                dyq, dyq_t, dy_sinv, da = fp8_dy
+            else:
+                dyq, dyq_t, dy_sinv, db2 = cast_grad(fi, dy, need["w2"], db2_dtype)
+                if need["fc1"]:
+                    da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["fc1"]:
-                da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
                 dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
             if need["dgrad"]:
                 pending = ctx.tp.dgrad_and_reduce(dhq, w1_shape[1], dtype, lambda rows, o: (

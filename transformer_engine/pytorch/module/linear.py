@@ -25,7 +25,8 @@ from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_r
                                         start_gather_rows)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
-from ..module_parts.sequence_parallel_fp8 import fp8_amax_group, fp8_gather_applies, start_fp8_gather
+from ..module_parts.sequence_parallel_fp8 import (fp8_amax_group, fp8_gather_applies,
+                                                   gather_fp8_grad, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
 
@@ -143,14 +144,23 @@ class _LinearFn(torch.autograd.Function):
         dy = dy.contiguous()
         fi = ctx.fi
         dx_rows = None  # high precision, row parallel + SP: dgrad made while dy's rows gathered
+        fp8_dy = None  # FP8, row parallel + SP: (dyq, dyq_t, scale_inv, dx) of gather_fp8_grad
+        saved = _fp8_saved(ctx) if ctx.fp8 else None
         if ctx.rs is not None:
-            dy, dx_rows = _gather_output_grad(ctx, dy)
+            if (ctx.fp8 and dy.shape[0] > 0 and not ctx.has_bias_grad
+                    and fp8_gather_applies(fi, ctx.rs)):
+                xq_t, x_sinv, wq_t, w_sinv = _saved_fp8_tensors(ctx, saved)
+                fp8_dy = gather_fp8_grad(fi, ctx.rs, dy, ctx.need_wgrad, in_features, (
+                    (lambda rows, sinv, o: _gemms.dgrad_fp8(wq_t, w_sinv, rows, sinv, ctx.dtype,
+                                                            out=o)) if ctx.need_dgrad else None))
+            else:
+                dy, dx_rows = _gather_output_grad(ctx, dy)
         # the direct path whenever it can serve the backward, whichever path the forward took
         # (a checkpoint recompute's forward replays scales on the checked ops): plain and
         # checkpointed steps then run the same backward kernels, bit for bit
         # a delayed weight gradient takes the checked ops (its GEMM runs later, in backward_dw)
         nc = (eager.native_call_again(ctx.nc, dy) if dy.shape[0] > 0 and eager.usable_backward(fi)
-              and not ctx.delay else None)
+              and not ctx.delay and fp8_dy is None else None)
         # the direct path takes the bias gradient from a pass over dy it makes anyway: FP8, its
         # cast of dy; high precision and a small dy, the wgrad GEMM's epilogue (dW's dtype, so not
         # into an fp32 main_grad; see library/gemm.py, bias_grad_in_wgrad_epilogue)
@@ -164,10 +174,13 @@ class _LinearFn(torch.autograd.Function):
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
         if ctx.fp8:
-            saved = ctx.saved_tensors
-            if ctx.input_kept:  # the forward saved its input: cast it again for the wgrad GEMM
-                saved = (*_original_input.cast_again(fi.rs, saved[0], 0), *saved[2:])
-            if nc is not None:
+            if fp8_dy is not None:
+                dyq, dyq_t, dy_sinv, dx = fp8_dy
+                dw = (_wgrad.weight_grad(ctx.module, ctx.weight, ctx.fuse, lambda: _gemms.wgrad_fp8(
+                    xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse))
+                      if ctx.need_wgrad else None)
+                dw_final = True
+            elif nc is not None:
                 dx, dw, fdb = _fp8_backward_fast(ctx, nc, dy, saved)
                 db = fdb if fused_db else db
             else:
@@ -268,6 +281,15 @@ def _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
     ctx.save_for_backward(kept, None, wq_t, w_sinv)
     ctx.plan = plan
     return y
+
+
+def _fp8_saved(ctx):
+    """The FP8 forward's saved tensors; an input the forward kept unquantized is cast again
+    (for the wgrad GEMM)."""
+    saved = ctx.saved_tensors
+    if ctx.input_kept:
+        saved = (*_original_input.cast_again(ctx.fi.rs, saved[0], 0), *saved[2:])
+    return saved
 
 
 def _saved_fp8_tensors(ctx, saved):

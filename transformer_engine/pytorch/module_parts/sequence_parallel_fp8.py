@@ -14,6 +14,11 @@ rank's scale_inv:
     enters the history and the step's batched reduction makes it the gathered tensor's, as the
     unsplit module's. Otherwise the rows are gathered in high precision and cast after the
     gather (`fp8_gather_applies` is False), as before.
+
+The backward of a row-parallel GEMM under sequence parallelism (row-parallel Linear,
+LayerNormMLP's FC2) gathers its output gradient the same way (`gather_fp8_grad`): each rank casts
+its own rows with the shared backward scale and the 1-byte rows travel while the input
+gradient's GEMM runs on the blocks that have landed.
 """
 from __future__ import annotations
 
@@ -21,8 +26,9 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import all_gather_bytes_first_dim, get_distributed_rank
-from ..library.cast import transposed
+from ..library.cast import cast, transposed
 from . import copy_engine_tp
+from .gather_gemm import fp8_blocks_fit, gemm_over_gather
 
 
 def _holds_every_rank(amax_group, tp_group) -> bool:
@@ -106,3 +112,24 @@ def arrived(data, data_t):
     if isinstance(data, PendingFP8Rows):
         return data.wait()
     return data, data_t
+
+
+def gather_fp8_grad(fi, tp, dy: torch.Tensor, need_transpose: bool, dgrad_cols: int, dgrad):
+    """Sequence parallel, FP8 (where fp8_gather_applies): every rank's rows of an output
+    gradient in FP8, of which dy holds this rank's. This rank's rows are cast with the scale the
+    ranks share and gathered as bytes while dgrad(rows, scale_inv, out) writes the input
+    gradient of each rank's block of rows as it lands (this rank's first; FP8 GEMMs need blocks
+    of 16 rows, else after the whole gather). dgrad None: no input gradient. Returns (dyq,
+    dyq_t or None, scale_inv, dx or None)."""
+    dyq, _, dy_sinv = cast(fi.rs, dy, False, 0, False, amax_group=fp8_amax_group(fi, tp))
+    pending = start_fp8_gather(dyq, tp, need_transpose, async_op=True)
+    if dgrad is None:
+        dyq, dyq_t = pending.wait()
+        return dyq, dyq_t, dy_sinv, None
+    dx = torch.empty((pending.data.shape[0], dgrad_cols), dtype=dy.dtype, device=dy.device)
+    if fp8_blocks_fit(pending):
+        dyq, dyq_t = gemm_over_gather(pending, (dx,), lambda rows, o: dgrad(rows, dy_sinv, o[0]))
+    else:
+        dyq, dyq_t = pending.wait()
+        dgrad(dyq, dy_sinv, dx)
+    return dyq, dyq_t, dy_sinv, dx
