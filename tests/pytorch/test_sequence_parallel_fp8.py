@@ -307,7 +307,7 @@ def test_gemm_over_rank_blocks_while_gathering_two_ranks_gloo(overlap, monkeypat
 def test_tp_overlap_setting_rejects_unknown_values(monkeypatch):
     from transformer_engine.common import config
     monkeypatch.setenv("NVTE_TP_OVERLAP", "yes")
-    with pytest.raises(ValueError, match="NVTE_TP_OVERLAP='yes': expected one of 0, 1, nccl"):
+    with pytest.raises(ValueError, match="NVTE_TP_OVERLAP='yes': expected one of 0, 1, nccl, graphs"):
         config.tp_overlap()
     monkeypatch.setenv("NVTE_TP_OVERLAP", " NCCL ")
     assert config.tp_overlap() == "nccl"
@@ -320,10 +320,9 @@ class _PipelinesOverGloo:
     modules then run on the CPU, their block arithmetic checked against the unsplit module. How
     the GPUs move the bytes is checked in the two-GPU tests."""
 
-    _group_name_to_workspace_tensor: dict = {}
-
     def __init__(self, group):
-        self.group, self.gathered = group, []
+        self.group, self.gathered, self.workspace_sizes = group, [], []
+        self._group_name_to_workspace_tensor = {}
 
     def _share(self, mine):
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
@@ -331,6 +330,10 @@ class _PipelinesOverGloo:
         every[rank] = mine
         dist.all_reduce(every, group=self.group)
         return every
+
+    def get_symm_mem_workspace(self, group_name, min_size):
+        self.workspace_sizes.append(min_size)
+        self._group_name_to_workspace_tensor[group_name] = torch.empty(min_size, dtype=torch.uint8)
 
     def _pipelined_all_gather_and_consume(self, shard, consume, ag_out, group_name):
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
@@ -378,3 +381,23 @@ def _body_copy_engine_blocks(rank, world, group):
 def test_gemm_blocks_through_copy_engine_pipelines_two_ranks_gloo(monkeypatch):
     monkeypatch.setenv("NVTE_TP_OVERLAP", "1")
     _spawn(_body_copy_engine_blocks)
+
+
+def _body_graphs_schedule_eager(rank, world, group):
+    from transformer_engine.pytorch.module_parts import copy_engine_tp
+    global COUNT_NCCL_GATHERS
+    COUNT_NCCL_GATHERS = False
+    copy_engine_tp._symm = pipelines = _PipelinesOverGloo(group)
+    copy_engine_tp.usable = lambda t, tp, nbytes: tp.group.group_name
+    before = dict(copy_engine_tp.transfers)
+    _body_rank_blocks(rank, world, group)
+    # eager calls under "graphs" take NCCL (here gloo), never the pipelines, and grow the
+    # workspace to what a capture of the same calls would need
+    assert copy_engine_tp.transfers == before, copy_engine_tp.transfers
+    assert not pipelines.gathered
+    assert pipelines.workspace_sizes and max(pipelines.workspace_sizes) > 0, pipelines.workspace_sizes
+
+
+def test_graphs_schedule_keeps_eager_calls_off_the_copy_engines_two_ranks_gloo(monkeypatch):
+    monkeypatch.setenv("NVTE_TP_OVERLAP", "graphs")
+    _spawn(_body_graphs_schedule_eager)

@@ -63,11 +63,21 @@ def usable(t: torch.Tensor, tp, nbytes: int) -> str | None:
 
 
 def chosen(t: torch.Tensor, tp, nbytes: int) -> str | None:
-    """usable(), when NVTE_TP_OVERLAP asks for the copy engines (its default) outside a traced
-    graph, else None."""
-    if torch.compiler.is_compiling() or config.tp_overlap() != "1":
+    """usable(), when NVTE_TP_OVERLAP asks for the copy engines here ("1", the default: always;
+    "graphs": under CUDA-graph capture) outside a traced graph, else None. Under "graphs" an
+    eager call still grows the workspace to nbytes (a collective, which every rank reaches
+    alike): the capture that may follow cannot, and the warm-up calls before a capture are
+    eager ones of the same shapes."""
+    mode = config.tp_overlap()
+    if torch.compiler.is_compiling() or mode not in ("1", "graphs"):
         return None
-    return usable(t, tp, nbytes)
+    name = usable(t, tp, nbytes)
+    capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
+    if name is not None and mode == "graphs" and not capturing:
+        if _workspace_bytes(name) < nbytes:
+            _symm.get_symm_mem_workspace(name, min_size=nbytes)
+        return None
+    return name
 
 
 def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,

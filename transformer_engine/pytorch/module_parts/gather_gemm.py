@@ -9,7 +9,8 @@ sum that the ranks reduce-scatter; the peers' row blocks are multiplied and sent
 rank's own block hides their exchange, and the partial sums add.
 
 The transfers (NVTE_TP_OVERLAP, common/config.py): the GPUs' copy engines through symmetric
-memory (copy_engine_tp.py) where torch has it and the group is NCCL on CUDA; otherwise NCCL
+memory (copy_engine_tp.py) where torch has it and the group is NCCL on CUDA (with "graphs", only
+while a CUDA graph is captured); otherwise NCCL
 (an async all-gather; point-to-point for the row side with two ranks). On a backend that cannot
 run the gather asynchronously (gloo) it completes first and the blocks run back to back, with
 the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
@@ -33,7 +34,8 @@ from . import copy_engine_tp
 
 
 def _mode() -> str:
-    """"0" (whole GEMMs), "1" (blocks, copy engines where they run) or "nccl" (blocks, NCCL);
+    """"0" (whole GEMMs), "1" (blocks, copy engines where they run), "graphs" (blocks, copy
+    engines under graph capture) or "nccl" (blocks, NCCL);
     "0" inside a traced graph, whose collectives are synchronous."""
     return "0" if torch.compiler.is_compiling() else config.tp_overlap()
 
