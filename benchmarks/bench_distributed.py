@@ -12,8 +12,10 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
   *_serial      the split contenders with NVTE_TP_OVERLAP=0: each GEMM runs whole next to its
                 collective instead of in row blocks that hide it (the schedule compared against)
   *_nccl        the split contenders with NVTE_TP_OVERLAP=nccl: the row blocks with NCCL moving
-                the rows; unsuffixed rows: the default (copy engines where torch's symmetric
-                memory runs, else NCCL)
+                the rows
+  *_ce          NVTE_TP_OVERLAP=1: the row blocks with the copy engines moving the rows (torch's
+                symmetric memory), eager calls included; unsuffixed rows: the default
+                (graphs: the copy engines in graph captures, NCCL in eager calls)
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
   collectives   one all-gather and one reduce-scatter of the split activation alone, and the
@@ -53,8 +55,8 @@ WORLD = 2
 STEP_CALLS = 4
 TARGETS = {"fp8_vs_bf16_tp_sp": 1.5, "bf16_scaling_vs_single": 1.8}
 # row-key suffix -> NVTE_TP_OVERLAP of the split contenders (the serial schedule first, so that
-# the other two do not warm anything up for it)
-SCHEDULES = {"_serial": "0", "_nccl": "nccl", "": "1"}
+# the others do not warm anything up for it)
+SCHEDULES = {"_serial": "0", "_nccl": "nccl", "_ce": "1", "": "graphs"}
 SPLIT_ROWS = tuple(f"tp_sp_{n}{g}{sch}" for g in ("", "_graphed") for sch in SCHEDULES
                    for n in ("bf16", "fp8")) + ("tp_sp_fp8_cs",)
 
@@ -298,7 +300,7 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
         if rank == 0 and isinstance(res[key], float):
             print(f"{key}: {res[key]:.3f} ms (rank 0)", file=sys.stderr, flush=True)
         _note(rank, partial, json_path, key, res[key])
-    os.environ["NVTE_TP_OVERLAP"] = "1"
+    os.environ["NVTE_TP_OVERLAP"] = "graphs"
     del x, dy
     torch.cuda.empty_cache()
     if common.selected("cp_attention", pattern):
@@ -400,7 +402,7 @@ def main():
               "graphed_fp8_scaling_vs_single": ratio("single_fp8_graphed", "tp_sp_fp8_graphed"),
               "cp_attention_32k_vs_single": ratio("single_attention_32k", "cp_attention"),
               **{f"overlap_gain_{n}{g}{sch or '_default'}": ratio(f"tp_sp_{n}{g}_serial", f"tp_sp_{n}{g}{sch}")
-                 for n in ("bf16", "fp8") for g in ("", "_graphed") for sch in ("_nccl", "")}}
+                 for n in ("bf16", "fp8") for g in ("", "_graphed") for sch in ("_nccl", "_ce", "")}}
     print("ms per step:", {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.items()})
     print("ratios:", {k: round(v, 3) if v is not None else None for k, v in ratios.items()},
           "targets:", TARGETS)

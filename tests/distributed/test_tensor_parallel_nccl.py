@@ -3,7 +3,8 @@ with the same weights: Linear (column, row), LayerNormLinear, LayerNormMLP (GELU
 MultiheadAttention and TransformerLayer, with and without sequence parallelism, in BF16, FP8
 DelayedScaling (amax reduced over the group) and Float8CurrentScaling; outputs, the input
 gradient and every parameter gradient, plus return_bias / return_layernorm_output, under each
-NVTE_TP_OVERLAP schedule (row blocks with the copy engines, row blocks with NCCL, whole GEMMs),
+NVTE_TP_OVERLAP schedule (row blocks with the copy engines always or only in graph captures, row
+blocks with NCCL, whole GEMMs),
 and sequence-parallel modules replayed from CUDA graphs against the same modules run eagerly.
 Needs two GPUs; the same modules are checked in two-process gloo groups on the CPU in
 tests/pytorch."""
@@ -121,9 +122,9 @@ def test_graphed_split_module_matches_eager(results, schedule, module):
 
 
 def test_default_schedule_moves_rows_with_copy_engines(results):
-    # where torch has the symmetric-memory pipelines, the default schedule must use them for
-    # both the gathers and the reduce-scatters (a silent fallback to NCCL would pass the
-    # numerics above); the other two schedules never do
+    # where torch has the symmetric-memory pipelines, the copy-engine schedules must use them
+    # for both the gathers and the reduce-scatters (a silent fallback to NCCL would pass the
+    # numerics above): "1" everywhere, the default "graphs" in the captures; "nccl" and "0" never
     for rank, res in enumerate(results):
         if not res["copy_engine_available"]:
             pytest.skip("this torch has no symmetric-memory pipelines")

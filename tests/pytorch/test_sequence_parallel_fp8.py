@@ -311,6 +311,8 @@ def test_tp_overlap_setting_rejects_unknown_values(monkeypatch):
         config.tp_overlap()
     monkeypatch.setenv("NVTE_TP_OVERLAP", " NCCL ")
     assert config.tp_overlap() == "nccl"
+    monkeypatch.delenv("NVTE_TP_OVERLAP")
+    assert config.tp_overlap() == "graphs"  # the default
 
 
 class _PipelinesOverGloo:

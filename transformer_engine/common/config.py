@@ -158,13 +158,14 @@ TP_OVERLAP_MODES = ("0", "1", "nccl", "graphs")
 
 
 def tp_overlap() -> str:
-    """NVTE_TP_OVERLAP: how sequence-parallel GEMMs meet their all-gather / reduce-scatter.
-    "1" (default): in row blocks that hide the collective, moved by the GPUs' copy engines through
-    torch's symmetric memory where it runs (NVLink peers), else by NCCL; "graphs": the row blocks
-    moved by the copy engines only while a CUDA graph is captured (its replays pay none of the
-    pipelines' host time), by NCCL in eager calls; "nccl": the row blocks with NCCL always; "0":
-    each GEMM whole next to its collective."""
-    value = os.environ.get("NVTE_TP_OVERLAP", "").strip().lower() or "1"
+    """NVTE_TP_OVERLAP: how sequence-parallel GEMMs meet their all-gather / reduce-scatter, in row
+    blocks that hide the transfer or whole. "graphs" (default): the blocks' rows moved by the
+    GPUs' copy engines through torch's symmetric memory (NVLink peers) while a CUDA graph is
+    captured, whose replays pay none of the pipelines' host time, and by NCCL in eager calls,
+    where that host time would cost more than the copy engines save; "1": the copy engines
+    always (where they run, else NCCL); "nccl": NCCL always; "0": each GEMM whole next to its
+    collective."""
+    value = os.environ.get("NVTE_TP_OVERLAP", "").strip().lower() or "graphs"
     if value not in TP_OVERLAP_MODES:
         raise ValueError(f"environment variable NVTE_TP_OVERLAP={value!r}: expected one of "
                          f"{', '.join(TP_OVERLAP_MODES)}")

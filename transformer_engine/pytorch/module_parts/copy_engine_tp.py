@@ -63,8 +63,8 @@ def usable(t: torch.Tensor, tp, nbytes: int) -> str | None:
 
 
 def chosen(t: torch.Tensor, tp, nbytes: int) -> str | None:
-    """usable(), when NVTE_TP_OVERLAP asks for the copy engines here ("1", the default: always;
-    "graphs": under CUDA-graph capture) outside a traced graph, else None. Under "graphs" an
+    """usable(), when NVTE_TP_OVERLAP asks for the copy engines here ("graphs", the default: under
+    CUDA-graph capture; "1": always) outside a traced graph, else None. Under "graphs" an
     eager call still grows the workspace to nbytes (a collective, which every rank reaches
     alike): the capture that may follow cannot, and the warm-up calls before a capture are
     eager ones of the same shapes."""
