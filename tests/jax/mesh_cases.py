@@ -17,9 +17,9 @@ through the SGD updates."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -83,19 +83,10 @@ def train(model, params, fp8, place, place_state=None, starts=None):
     return record, hlo
 
 
-@contextlib.contextmanager
 def _jnp_ops():
     """The jnp ops on every device (the custom calls off), for the single-device run that the
     meshed run must match tightly."""
-    saved = os.environ.get("NVTE_JAX_CUSTOM_CALLS")
-    os.environ["NVTE_JAX_CUSTOM_CALLS"] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["NVTE_JAX_CUSTOM_CALLS"]
-        else:
-            os.environ["NVTE_JAX_CUSTOM_CALLS"] = saved
+    return mock.patch.dict(os.environ, {"NVTE_JAX_CUSTOM_CALLS": "0"})
 
 
 def _close(what, got, want, rtol, atol):

@@ -30,8 +30,8 @@ try:  # absent from CPU-only and older builds of torch
 except ImportError:  # pragma: no cover - depends on the torch build
     _symm = None
 
-# pipelines run so far, by kind (read by the tests: on NVLink peers the default schedule must
-# take this path, not fall back to NCCL unnoticed)
+# pipelines run so far, by kind (read by the tests: on NVLink peers the copy-engine schedules
+# must take this path, not fall back to NCCL unnoticed)
 transfers = {"gather": 0, "reduce_scatter": 0}
 
 _PIPELINES = ("_pipelined_all_gather_and_consume", "_pipelined_produce_and_all2all",
