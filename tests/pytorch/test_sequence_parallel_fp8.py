@@ -365,6 +365,13 @@ def _body_copy_engine_blocks(rank, world, group):
     copy_engine_tp._symm = pipelines = _PipelinesOverGloo(group)
     copy_engine_tp.usable = lambda t, tp, nbytes: tp.group.group_name
     _body_rank_blocks(rank, world, group)  # FP8: the column gathers and row reduce-scatters
+    # the row-parallel Linear's FP8 forward makes its output in blocks that the pipelines
+    # reduce-scatter (one per forward, two steps a check; its backward gathers, and
+    # reduce-scatters nothing)
+    before = copy_engine_tp.transfers["reduce_scatter"]
+    for name in RECIPES:
+        _check_against_unsplit("linear_row", name, group, rank, world)
+    assert copy_engine_tp.transfers["reduce_scatter"] - before == 2 * len(RECIPES), copy_engine_tp.transfers
     # the FP8 column gathers moved this rank's FP8 rows as bytes (1 byte each)
     rows_bytes = SEQ // world * BATCH * HIDDEN
     assert (rows_bytes, torch.uint8) in pipelines.gathered, pipelines.gathered

@@ -20,7 +20,6 @@ from ..tensor import Float8Tensor
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            original_input as _original_input, parallel as _parallel,
                            wgrad as _wgrad)
-from ..collectives import reduce_scatter_first_dim
 from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_reduce_scatter,
                                         start_gather_rows)
 from ..module_parts.input_check import check_fp8_dims
@@ -77,7 +76,7 @@ class _LinearFn(torch.autograd.Function):
         if fp8:
             if tokens % 16 or in_features % 16 or out_features % 16:
                 check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
-            if nc is not None:
+            if nc is not None and rs is None:  # row parallel + SP: the blocks below instead
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                       need_wgrad, is_first_microbatch, r2d)
             elif sp is not None:
@@ -101,7 +100,12 @@ class _LinearFn(torch.autograd.Function):
                                         fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
-                y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
+                if rs is not None:  # no bias or residual here (added after the reduction)
+                    y = gemm_reduce_scatter(xq, rs, out_features, dtype, lambda rows, o: (
+                        _gemms.fprop_fp8(wq, w_sinv, rows, x_sinv, dtype, None, out=o)),
+                        block_multiple=16)
+                else:
+                    y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
                 kept_x = x2d if keep_input and need_wgrad else xq_t
                 ctx.save_for_backward(kept_x, x_sinv, wq_t, w_sinv)
         else:
@@ -119,8 +123,6 @@ class _LinearFn(torch.autograd.Function):
             else:
                 y = K.general_gemm(w, x2d, layout="TN", bias=bias, addend=r2d).out
             ctx.save_for_backward(x2d if need_wgrad else None, w if need_dgrad else None)
-        if fp8 and rs is not None:  # the FP8 GEMM made every row: reduce-scatter them whole
-            y = reduce_scatter_first_dim(y, rs.group)
         ctx.fp8, ctx.fi, ctx.dtype, ctx.fuse, ctx.tokens = fp8, fi, dtype, fuse_wgrad, tokens
         ctx.sp, ctx.rs = sp, rs
         ctx.input_kept = fp8 and keep_input and need_wgrad
