@@ -28,6 +28,7 @@ def _worker(rank, world, port, errors):
         _check_amax_reduction(rank, world)
         _check_distributed_checkpoint(rank, world)
         _check_norm_modules(rank, world)
+        _check_residual_in_row_blocks(rank, world)
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the test
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
@@ -146,6 +147,63 @@ def _check_norm_modules(rank, world):
                     dist.all_reduce(g, group=group)  # what the training loop does for SP params
                 expect = p.grad if n not in splits else p.grad.chunk(world, splits[n])[rank]
                 torch.testing.assert_close(g, expect, rtol=1e-5, atol=1e-5, msg=f"{kind} sp={sp} {n}")
+
+
+def _check_residual_in_row_blocks(rank, world):
+    """Sequence parallel: the row-parallel Linear's `_residual` and LayerNormMLP's `_add_input`
+    (TransformerLayer's residual connections) and their biases are added by the GEMM of this
+    rank's block of rows; output and every gradient equal the unsplit module's with the adds
+    made apart (the bias, marked `sequence_parallel`, all-reduced as a training loop does).
+    Without sequence parallelism the row split refuses the residual."""
+    import transformer_engine.pytorch as te
+    group = dist.new_group(list(range(world)))
+    gen = torch.Generator().manual_seed(7)
+    x, r = torch.randn(8, 2, 48, generator=gen), torch.randn(8, 2, 32, generator=gen)
+    for kind in ("Linear", "LayerNormMLP"):
+        torch.manual_seed(8)
+        if kind == "Linear":
+            full = te.Linear(48, 32, device="cpu")
+            part = te.Linear(48, 32, parallel_mode="row", tp_group=group, sequence_parallel=True,
+                             device="cpu")
+            plain = te.Linear(48, 32, parallel_mode="row", tp_group=group, device="cpu")
+            splits = {"weight": 1}
+            assert part.residual_in_gemm(r.chunk(world, 0)[rank], x[..., :48 // world])
+            assert not plain.residual_in_gemm(r, x[..., :48 // world])
+            xa, xb = x, x.chunk(world, -1)[rank]  # row parallel: the input's features split
+        else:
+            full = te.LayerNormMLP(32, 64, device="cpu")
+            part = te.LayerNormMLP(32, 64, set_parallel_mode=True, tp_group=group,
+                                   sequence_parallel=True, device="cpu")
+            plain = te.LayerNormMLP(32, 64, set_parallel_mode=True, tp_group=group, device="cpu")
+            splits = {"fc1_weight": 0, "fc1_bias": 0, "fc2_weight": 1}
+            assert part.residual_in_gemm() and not plain.residual_in_gemm()
+            xa, xb = r, r.chunk(world, 0)[rank]  # the residual is the input itself
+        with torch.no_grad():
+            for n, p in full.named_parameters():
+                p.normal_(generator=torch.Generator().manual_seed(9))
+                getattr(part, n).copy_(p if n not in splits else p.chunk(world, splits[n])[rank])
+        xa, xb = xa.clone().requires_grad_(), xb.contiguous().clone().requires_grad_()
+        ra, rb = r.clone().requires_grad_(), r.chunk(world, 0)[rank].clone().requires_grad_()
+        dy = torch.randn(8, 2, 32, generator=gen)
+        if kind == "Linear":
+            ya, yb = full(xa) + ra, part(xb, _residual=rb)
+        else:
+            ya, yb = full(xa) + xa, part(xb, _add_input=True)
+        ya.backward(dy)
+        yb.backward(dy.chunk(world, 0)[rank])
+        torch.testing.assert_close(yb, ya.detach().chunk(world, 0)[rank], rtol=1e-5, atol=1e-5)
+        if kind == "Linear":
+            torch.testing.assert_close(xb.grad, xa.grad.chunk(world, -1)[rank], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(rb.grad, ra.grad.chunk(world, 0)[rank], rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(xb.grad, xa.grad.chunk(world, 0)[rank], rtol=1e-5, atol=1e-5)
+        for n, p in full.named_parameters():
+            g = getattr(part, n).grad
+            if getattr(getattr(part, n), "sequence_parallel", False):
+                g = g.clone()
+                dist.all_reduce(g, group=group)
+            expect = p.grad if n not in splits else p.grad.chunk(world, splits[n])[rank]
+            torch.testing.assert_close(g, expect, rtol=1e-5, atol=1e-4, msg=f"{kind} {n}")
 
 
 def test_tensor_parallel_linear_and_amax_reduction():

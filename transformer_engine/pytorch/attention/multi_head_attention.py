@@ -407,9 +407,10 @@ class MultiheadAttention(torch.nn.Module):
             shape = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states)
             raise ValueError(f"{_OP}: hidden_states has shape {shape}; expected {want} dims ending in "
                              f"hidden_size {self.hidden_size} for qkv_format {self.qkv_format!r}")
-        # the projection's output has hidden_states' leading dims: whether its GEMM can add the
-        # residual is known now
-        fusable = _residual is not None and self.proj.residual_in_gemm(_residual, hidden_states)
+        # the projection's output has hidden_states' leading dims (this rank's rows under
+        # sequence parallelism): whether its GEMM can add the residual is known now
+        fusable = _residual is not None and self.proj.residual_fits_output(
+            _residual, tuple(hidden_states.shape[:-1]), hidden_states.device)
         if self.attention_type == "self":
             # a residual the projection's GEMM will add comes back from the norm+QKV module
             q, k, v, ln_out, passed = self._qkv_self(hidden_states, is_first_microbatch,

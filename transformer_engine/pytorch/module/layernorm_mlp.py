@@ -101,9 +101,11 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         aq_t = transposed(aq) if need["w2"] else None
     # FC2's transposed weight serves the backward's FC2 dgrad
     w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, need["fc1"], is_first_microbatch)
-    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py)
-        y = gemm_reduce_scatter(aq, tp, w2q.shape[0], dtype, lambda rows, o: _gemms.fprop_fp8(
-            w2q, w2_sinv, rows, a_sinv, dtype, None, out=o), block_multiple=16)
+    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py), its
+        # bias and residual added by the GEMM of this rank's block
+        y = gemm_reduce_scatter(aq, tp, w2q.shape[0], dtype, lambda rows, o, bias, res: (
+            _gemms.fprop_fp8(w2q, w2_sinv, rows, a_sinv, dtype, bias, addend=res, out=o)),
+            block_multiple=16, bias=b2, addend=residual)
     else:
         y = _gemms.fprop_fp8(w2q, w2_sinv, aq, a_sinv, dtype, b2, addend=residual).out
     saved = (x2d, mu, rsigma, g, lnq_t, ln_sinv, w1q_t, w1_sinv, h, aq_t, a_sinv, w2q_t, w2_sinv)
@@ -130,9 +132,10 @@ def _forward_hp(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, tp, residual):
     if fi.calibrating:
         for slot, t in ((0, ln_full), (1, w1), (2, a), (3, w2)):
             record_amax(fi.rs, t, True, slot)
-    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py)
-        y = gemm_reduce_scatter(a, tp, w2.shape[0], dtype, lambda rows, o: _gemms.fprop_hp(
-            w2, rows, None, out=o))
+    if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py), its
+        # bias and residual added by the GEMM of this rank's block
+        y = gemm_reduce_scatter(a, tp, w2.shape[0], dtype, lambda rows, o, bias, res: (
+            _gemms.fprop_hp(w2, rows, bias, addend=res, out=o)), bias=b2, addend=residual)
     else:
         y = _gemms.fprop_hp(w2, a, b2, addend=residual)
     saved = (x2d, mu, rsigma, g, ln_full, None, w1, None, h, a, None, w2, None)
@@ -245,12 +248,16 @@ class _LayerNormMLPFn(torch.autograd.Function):
         da = None
         db2_dtype = ctx.param_dtypes[3] if ctx.b2_grad else None
         fp8_dy = None  # (dyq, dyq_t, scale_inv, da) of the FP8 gather below
+        dy_rows, db2_rows = dy, None  # this rank's rows (the residual's gradient)
         if ctx.tp.gather:
             # sequence parallel: this rank's rows of the output gradient; FC2 needs all of them.
-            # FC2's dgrad starts on this rank's rows while the others arrive: in FP8 where the
-            # ranks share the scale (1-byte rows; FC2's bias, outside this Function under tensor
-            # parallelism, needs no column sum here), else in high precision
-            if ctx.fp8 and db2_dtype is None and fp8_gather_applies(fi, ctx.tp):
+            # FC2's bias went to this rank's rows only (its block's GEMM): its gradient is their
+            # column sum, made before the gather. FC2's dgrad starts on this rank's rows while
+            # the others arrive: in FP8 where the ranks share the scale (1-byte rows), else in
+            # high precision
+            if db2_dtype is not None:
+                db2_rows, db2_dtype = bias_grad_of(dy, db2_dtype), None
+            if ctx.fp8 and fp8_gather_applies(fi, ctx.tp):
                 fp8_dy = gather_fp8_grad(fi, ctx.tp, dy, need["w2"], w2_shape[1], (
                     (lambda rows, sinv, o: _gemms.dgrad_fp8(w2_t, w2_sinv, rows, sinv, dtype, out=o))
                     if need["fc1"] else None))
@@ -330,6 +337,8 @@ class _LayerNormMLPFn(torch.autograd.Function):
                     ln_t, dh, ctx.weights[0], fuse, *w1_shape))
         if fi.step is not None:
             fi.step.backward_finished()
+        if db2_rows is not None:
+            db2 = db2_rows
         if db1 is not None:
             db1 = db1.to(ctx.param_dtypes[2])
         dx = dgamma = dbeta = None
@@ -339,7 +348,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dln = dln + grad_ln_out[0].reshape(dln.shape).to(dln.dtype)
             dx, dgamma, dbeta = norm_backward(module.normalization, dln.contiguous(), x2d, mu, rsigma,
                                               g, module.zero_centered_gamma,
-                                              dy if ctx.add_input else None)
+                                              dy_rows if ctx.add_input else None)
             dx = dx.view(inp_shape)
             dgamma = dgamma.to(ctx.param_dtypes[0])
             dbeta = dbeta.to(ctx.param_dtypes[1]) if dbeta is not None and ctx.param_dtypes[1] else None
@@ -567,12 +576,13 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def residual_in_gemm(self) -> bool:
         """Whether a residual connection around this block can be added inside FC2's GEMM.
 
-        True when FC2's output is complete on this rank with its bias added in the GEMM and the
-        norm's
-        output is not returned. Used by :class:`TransformerLayer` to fuse its residual add.
+        True when FC2's output is complete on this rank (no split, or sequence parallelism:
+        this rank's rows, whose block GEMM then adds the residual) with its bias added in the
+        GEMM and the norm's output is not returned. Used by :class:`TransformerLayer` to fuse
+        its residual add.
         """
         return not (self.return_bias or self.return_layernorm_output
-                    or (self.set_parallel_mode and self.tp_size > 1))
+                    or (self.set_parallel_mode and self.tp_size > 1 and not self.sequence_parallel))
 
     def _fused_call(self, inp, is_first_microbatch, fused):
         recipe = _blockwise.active()
@@ -583,7 +593,9 @@ class LayerNormMLP(TransformerEngineBaseModule):
                 # the native Function reduce-scatters its own output; this path's comes whole
                 y = _parallel.row_output(y, self.tp_group, self.tp_size, True)
             return (y, ln_out.view(inp.shape)) if self.return_layernorm_output else y
-        parallel = self.set_parallel_mode and self.tp_size > 1
+        # split without sequence parallelism: the bias after the all-reduce (forward); with it,
+        # the call's reduce-scatter adds it once (gather_gemm.gemm_reduce_scatter)
+        parallel = self.set_parallel_mode and self.tp_size > 1 and not self.sequence_parallel
         b2 = self.fc2_bias if not (self.return_bias or parallel) else None
         return _LayerNormMLPFn.apply(inp, self.layer_norm_weight, self.layer_norm_bias,
                                      self.fc1_weight, self.fc1_bias, self.fc2_weight, b2, self,
@@ -614,7 +626,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         """
         if _add_input and not self.residual_in_gemm():
             raise ValueError("LayerNormMLP: _add_input needs return_bias=False, "
-                             "return_layernorm_output=False and no tensor-parallel split")
+                             "return_layernorm_output=False and no tensor-parallel split "
+                             "without sequence parallelism")
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size} (hidden_size)")
@@ -630,9 +643,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         ln_out = None
         if self.return_layernorm_output:
             out, ln_out = out
-        if parallel:
-            if not self.sequence_parallel:  # with it, the call above reduce-scattered already
-                out = _parallel.row_output(out, self.tp_group, self.tp_size, False)
+        if parallel and not self.sequence_parallel:  # with it, the call reduce-scattered already
+            out = _parallel.row_output(out, self.tp_group, self.tp_size, False)
             if self.fc2_bias is not None and not self.return_bias:
                 out = out + self.fc2_bias.to(out.dtype)
         if self.return_bias:

@@ -55,7 +55,10 @@ class _LinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad = inp.requires_grad, training and weight.requires_grad
         tokens = x2d.shape[0] * (sp.size if sp is not None else 1)
         fp8 = fi.fp8 and tokens > 0
-        ctx.has_bias_grad = bias is not None and bias.requires_grad
+        # a row-parallel sequence-parallel call (rs) adds the bias to this rank's rows only, in
+        # its block's GEMM: the backward sums those rows of dy before it gathers them
+        bias_grad = bias is not None and bias.requires_grad
+        ctx.has_bias_grad, ctx.rows_bias_grad = bias_grad and rs is None, bias_grad and rs is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         if bias is not None:
             # the direct path describes the bias by out_features: a bias of another shape must
@@ -70,7 +73,7 @@ class _LinearFn(torch.autograd.Function):
         ctx.plan = None  # the FP8 step's native plan when the forward ran it
         r2d = None
         if residual is not None:
-            r2d = residual.reshape(tokens, out_features)
+            r2d = residual.reshape(-1, out_features)  # the output's rows (this rank's with rs)
             r2d = (r2d if r2d.dtype == dtype else r2d.to(dtype)).contiguous()
         ctx.has_residual = residual is not None
         if fp8:
@@ -100,10 +103,10 @@ class _LinearFn(torch.autograd.Function):
                                         fi.replay, fi.record)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
-                if rs is not None:  # no bias or residual here (added after the reduction)
-                    y = gemm_reduce_scatter(xq, rs, out_features, dtype, lambda rows, o: (
-                        _gemms.fprop_fp8(wq, w_sinv, rows, x_sinv, dtype, None, out=o)),
-                        block_multiple=16)
+                if rs is not None:  # bias and residual by this rank's block (gather_gemm.py)
+                    y = gemm_reduce_scatter(xq, rs, out_features, dtype, lambda rows, o, b, r: (
+                        _gemms.fprop_fp8(wq, w_sinv, rows, x_sinv, dtype, b, addend=r, out=o)),
+                        block_multiple=16, bias=bias, addend=r2d)
                 else:
                     y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias, addend=r2d).out
                 kept_x = x2d if keep_input and need_wgrad else xq_t
@@ -113,10 +116,10 @@ class _LinearFn(torch.autograd.Function):
             if fi.calibrating:
                 record_amax(fi.rs, x2d, True, 0)
                 record_amax(fi.rs, w, True, 1)
-            if rs is not None:  # bias and residual come after the reduction (row parallel)
+            if rs is not None:  # bias and residual by this rank's block (gather_gemm.py)
                 w = w if w.is_contiguous() else w.contiguous()
-                y = gemm_reduce_scatter(x2d, rs, out_features, dtype, lambda rows, o: _gemms.fprop_hp(
-                    w, rows, None, out=o))
+                y = gemm_reduce_scatter(x2d, rs, out_features, dtype, lambda rows, o, b, r: (
+                    _gemms.fprop_hp(w, rows, b, addend=r, out=o)), bias=bias, addend=r2d)
             elif nc is not None and tokens > 0:
                 w = w if w.is_contiguous() else w.contiguous()
                 y = linear_step.hp_forward(nc, x2d, w, bias, r2d, dtype)
@@ -148,6 +151,7 @@ class _LinearFn(torch.autograd.Function):
         dx_rows = None  # high precision, row parallel + SP: dgrad made while dy's rows gathered
         fp8_dy = None  # FP8, row parallel + SP: (dyq, dyq_t, scale_inv, dx) of gather_fp8_grad
         saved = _fp8_saved(ctx) if ctx.fp8 else None
+        db_rows = bias_grad_of(dy, ctx.bias_dtype) if ctx.rows_bias_grad else None
         if ctx.rs is not None:
             if (ctx.fp8 and dy.shape[0] > 0 and not ctx.has_bias_grad
                     and fp8_gather_applies(fi, ctx.rs)):
@@ -205,6 +209,8 @@ class _LinearFn(torch.autograd.Function):
             dw = _wgrad.autograd_weight_grad(ctx.weight, dw, ctx.fuse)
         if fi.step is not None:
             fi.step.backward_finished()
+        if db_rows is not None:
+            db = db_rows
         if dx is not None and ctx.sp is not None:
             dx = ctx.sp.reduce_grad(dx)  # back to this rank's rows (reduce-scatter)
         if dx is not None and len(inp_shape) != 2:
@@ -571,8 +577,10 @@ class Linear(TransformerEngineBaseModule):
         """Whether a residual connection around this layer can be added inside its GEMM.
 
         True when the output has the residual's shape and device, the bias is added by the layer
-        (no ``return_bias``) and no row-parallel reduction follows the GEMM. Used by
-        :class:`TransformerLayer` to fuse its residual adds.
+        (no ``return_bias``) and no row-parallel all-reduce follows the GEMM (a row-parallel
+        sequence-parallel layer reduce-scatters its output in blocks, and the GEMM of this
+        rank's block adds the residual). Used by :class:`TransformerLayer` to fuse its residual
+        adds.
 
         Parameters
         ----------
@@ -581,9 +589,23 @@ class Linear(TransformerEngineBaseModule):
         inp : torch.Tensor
             The input that would be passed to ``forward``.
         """
-        return (not self.return_bias and not (self.parallel_mode == "row" and self.tp_size > 1)
-                and residual.shape == (*inp.shape[:-1], self.out_features)
-                and residual.device == inp.device)
+        lead = tuple(inp.shape[:-1])
+        if self.parallel_mode == "row" and self.tp_size > 1 and self.sequence_parallel:
+            if not lead or lead[0] % self.tp_size:
+                return False
+            lead = (lead[0] // self.tp_size, *lead[1:])  # this rank's rows of the output
+        return self.residual_fits_output(residual, lead, inp.device)
+
+    def residual_fits_output(self, residual: torch.Tensor, out_lead: tuple,
+                             device: torch.device) -> bool:
+        """residual_in_gemm for an output whose leading dimensions (all but the last) are
+        out_lead, on device: for a caller that knows the output's shape before the input's
+        (:class:`MultiheadAttention`, whose projection's output has its input's rows)."""
+        return (not self.return_bias
+                and not (self.parallel_mode == "row" and self.tp_size > 1
+                         and not self.sequence_parallel)
+                and residual.shape == (*out_lead, self.out_features)
+                and residual.device == device)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
@@ -660,8 +682,14 @@ class Linear(TransformerEngineBaseModule):
             return out
         if self.save_original_input:
             _original_input.check_recipe("Linear", self, fi, (weight,))
+        # row parallel + SP: the call reduce-scatters its own output, its bias and residual
+        # added by this rank's block (its rows were checked by check_row_input above, before
+        # any collective); row parallel otherwise: the bias after the all-reduce
+        rs = (_parallel.NormTP(self.tp_group, self.tp_size, True, True)
+              if self.parallel_mode == "row" and self.sequence_parallel and self.tp_size > 1
+              else None)
         add_bias_in_gemm = bias is not None and not self.return_bias and not (
-            self.parallel_mode == "row" and self.tp_size > 1)
+            self.parallel_mode == "row" and self.tp_size > 1 and rs is None)
         # delay_wgrad_compute: the checked path, whose backward can queue the wgrad GEMM;
         # save_original_input under FP8: the checked path, which can save the input unquantized
         nc = (eager.native_call(inp) if eager.usable(fi) and not self.delay_wgrad_compute
@@ -672,14 +700,10 @@ class Linear(TransformerEngineBaseModule):
                  else _LinearFn.apply)
         if _residual is not None and not self.residual_in_gemm(_residual, inp):
             raise ValueError("Linear: _residual needs a residual of the output's shape, no "
-                             "return_bias and no row-parallel split (see residual_in_gemm)")
+                             "return_bias and no row-parallel split without sequence "
+                             "parallelism (see residual_in_gemm)")
         # a residual of another dtype than the GEMM's output keeps torch's type promotion: added after
         fused = _residual if _residual is not None and _residual.dtype == dtype else None
-        # row parallel + SP: the call reduce-scatters its own output (its rows were checked by
-        # check_row_input above, before any collective)
-        rs = (_parallel.NormTP(self.tp_group, self.tp_size, True, True)
-              if self.parallel_mode == "row" and self.sequence_parallel and self.tp_size > 1
-              else None)
         out = apply(inp, weight, bias if add_bias_in_gemm else None, fused,
                     (self, fi, dtype, is_first_microbatch, self.fuse_wgrad_accumulation, nc, sp, rs))
         if _residual is not None and fused is None:

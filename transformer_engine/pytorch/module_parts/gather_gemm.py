@@ -125,39 +125,52 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
 
 
 def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
-                        gemm: Callable[[torch.Tensor, torch.Tensor], None],
-                        block_multiple: int = 1) -> torch.Tensor:
-    """This rank's rows of reduce_scatter(gemm(x)) over tp.group, for a row-parallel GEMM whose
-    product on each rank is a partial sum: x holds every row; gemm(rows, out) writes rows' product
-    into out. The peers' blocks are multiplied first and sent while the next block is multiplied,
-    this rank's block last, and the partial sums for this rank's rows add: by the copy engines for
-    any group size where they run, else with two ranks point-to-point on the group (a two-term sum
-    is the same in either order). Otherwise, and for blocks whose rows are not a multiple of
-    block_multiple (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered."""
+                        gemm: Callable[..., None], block_multiple: int = 1,
+                        bias: torch.Tensor | None = None,
+                        addend: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's rows of reduce_scatter(gemm(x)) (+ bias) (+ addend) over tp.group, for a
+    row-parallel GEMM whose product on each rank is a partial sum: x holds every row;
+    gemm(rows, out, bias, addend) writes rows' product (+ bias) (+ addend) into out. The peers'
+    blocks are multiplied first and sent while the next block is multiplied, this rank's block
+    last, and the partial sums for this rank's rows add: by the copy engines for any group size
+    where they run, else with two ranks point-to-point on the group (a two-term sum is the same
+    in either order). Otherwise, and for blocks whose rows are not a multiple of block_multiple
+    (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered.
+    bias ([out_cols]) and addend (this rank's rows, [rows, out_cols], a residual) are added
+    once, by the GEMM of this rank's block (its epilogue and C operand, so no separate adds),
+    or after the reduce-scatter where the GEMM runs whole."""
     world = tp.size
     rows = x.shape[0] // world
     blocks = rows > 0 and rows % block_multiple == 0 and _overlap()
     if blocks:
         name = copy_engine_tp.chosen(x, tp, 2 * rows * out_cols * torch.finfo(dtype).bits // 8)
         if name is not None:
-            return copy_engine_tp.produce_and_reduce_scatter(
-                rows, out_cols, world, dtype, x.device, name,
-                lambda r, out: gemm(x[r * rows:(r + 1) * rows], out))
+            rank = get_distributed_rank(tp.group)
+
+            def produce(r, out):
+                own = r == rank
+                gemm(x[r * rows:(r + 1) * rows], out, bias if own else None,
+                     addend if own else None)
+            return copy_engine_tp.produce_and_reduce_scatter(rows, out_cols, world, dtype,
+                                                             x.device, name, produce)
     if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
-        gemm(x, full)
-        return reduce_scatter_first_dim(full, tp.group)
+        gemm(x, full, None, None)
+        y = reduce_scatter_first_dim(full, tp.group)
+        if bias is not None:
+            y = y.add_(bias)
+        return y if addend is None else y.add_(addend)
     rank = get_distributed_rank(tp.group)
     peer = dist.get_global_rank(tp.group, 1 - rank)
     theirs = x[(1 - rank) * rows:(2 - rank) * rows]
     mine = x[rank * rows:(rank + 1) * rows]
     send = torch.empty((rows, out_cols), dtype=dtype, device=x.device)
-    gemm(theirs, send)
+    gemm(theirs, send, None, None)
     recv = torch.empty_like(send)
     requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer, tp.group),
                                        dist.P2POp(dist.irecv, recv, peer, tp.group)])
     out = torch.empty_like(send)
-    gemm(mine, out)
+    gemm(mine, out, bias, addend)
     for request in requests:
         request.wait()
     return out.add_(recv)
