@@ -11,7 +11,8 @@ Life of one training step with DelayedScaling:
     launch (`kernels.delayed_scaling_update`);
   * the backward passes run with the forward's recipe (saved in the autograd context, so they
     may run outside the context); when the last backward of the step finished, the backward
-    amaxes are reduced and the backward scales updated the same way.
+    amaxes are reduced and the backward scales updated the same way (over a group on a GPU,
+    on a side stream beside the rest of that backward: update_stream.py).
   * a step whose backward is still to come when the context exits (the usual training step on
     the native core, with no amax reduction group) defers its forward update: the step's last
     backward runs both updates in one launch (on a small, host-bound step each launch costs more
@@ -31,13 +32,14 @@ update on CPU tensors, so no step waits for the device.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import List, Optional, Tuple
 
 import torch
 
 from ..common import fp8_formats
 from ..common.recipe import DelayedScaling, Float8CurrentScaling, Recipe
-from . import fp8_recompute
+from . import fp8_recompute, update_stream
 from .recipe_state import (  # noqa: F401  (re-exported: quantization.X is where callers look)
     _DEFERRED, RecipeState, _flavor, _native_algo_code, _native_groups, _update_delayed,
     compute_current_scale, flush_deferred_updates, recipe_fp8_dtypes, recipe_state_for,
@@ -92,7 +94,13 @@ class _Step:
         if self.pending_backward <= 0 and not self.bwd_done:
             self.bwd_done = True
             fwd = self._take_deferred()
-            _update_delayed(self.states, self.recipe, self.group, forward=False, also_forward=fwd)
+            states, recipe, group = self.states, self.recipe, self.group
+            update = functools.partial(_update_delayed, states, recipe, group, forward=False,
+                                       also_forward=fwd)
+            if recipe.reduce_amax and group is not None and states:
+                update_stream.beside_backward(update, states[0].device)
+            else:
+                update()
             self.release_if_done()
 
     def take_final_update(self):
