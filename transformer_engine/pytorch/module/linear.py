@@ -598,9 +598,25 @@ class Linear(TransformerEngineBaseModule):
 
     def residual_fits_output(self, residual: torch.Tensor, out_lead: tuple,
                              device: torch.device) -> bool:
-        """residual_in_gemm for an output whose leading dimensions (all but the last) are
-        out_lead, on device: for a caller that knows the output's shape before the input's
-        (:class:`MultiheadAttention`, whose projection's output has its input's rows)."""
+        """:meth:`residual_in_gemm` for an output whose leading dimensions are known before the
+        input is: for a caller such as :class:`MultiheadAttention`, whose projection's output
+        has its input's rows.
+
+        Parameters
+        ----------
+        residual : torch.Tensor
+            The residual that would be passed as ``_residual``.
+        out_lead : tuple of int
+            The output's leading dimensions (all but the last), this rank's rows under
+            sequence parallelism.
+        device : torch.device
+            The device of the input that would be passed to ``forward``.
+
+        Returns
+        -------
+        bool
+            Whether the residual can be added inside the GEMM.
+        """
         return (not self.return_bias
                 and not (self.parallel_mode == "row" and self.tp_size > 1
                          and not self.sequence_parallel)
