@@ -94,11 +94,10 @@ class _Step:
         if self.pending_backward <= 0 and not self.bwd_done:
             self.bwd_done = True
             fwd = self._take_deferred()
-            states, recipe, group = self.states, self.recipe, self.group
-            update = functools.partial(_update_delayed, states, recipe, group, forward=False,
-                                       also_forward=fwd)
-            if recipe.reduce_amax and group is not None and states:
-                update_stream.beside_backward(update, states[0].device)
+            update = functools.partial(_update_delayed, self.states, self.recipe, self.group,
+                                       forward=False, also_forward=fwd)
+            if self.recipe.reduce_amax and self.group is not None and self.states:
+                update_stream.beside_backward(update, self.states[0].device)
             else:
                 update()
             self.release_if_done()
