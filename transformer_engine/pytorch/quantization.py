@@ -40,6 +40,7 @@ import torch
 from ..common import fp8_formats
 from ..common.recipe import DelayedScaling, Float8CurrentScaling, Recipe
 from . import fp8_recompute, update_stream
+from .module_parts import side_stream
 from .recipe_state import (  # noqa: F401  (re-exported: quantization.X is where callers look)
     _DEFERRED, RecipeState, _flavor, _native_algo_code, _native_groups, _update_delayed,
     compute_current_scale, flush_deferred_updates, recipe_fp8_dtypes, recipe_state_for,
@@ -77,7 +78,7 @@ class _Step:
     backwards are still to come."""
 
     __slots__ = ("recipe", "group", "states", "pending_backward", "exited", "bwd_done",
-                 "fwd_deferred")
+                 "fwd_deferred", "casts_done")
 
     def __init__(self, recipe, group):
         self.recipe, self.group = recipe, group
@@ -86,6 +87,8 @@ class _Step:
         self.exited = False
         self.bwd_done = False
         self.fwd_deferred = False
+        # an event after the step's last forward cast (forward_casts_done), or None
+        self.casts_done = None
 
     def backward_finished(self):
         if self.bwd_done:  # a native backward already finished the step (take_final_update)
@@ -239,11 +242,20 @@ class _AutocastContext(contextlib.ContextDecorator):
         s = FP8GlobalState
         s.depth -= 1
         s.enabled, s.calibrating, s.recipe, s.group, outermost = self._saved.pop()
+        if outermost:
+            # the forward's transposes made beside it are joined here, so that a graph capture
+            # of the forward ends joined (module_parts/side_stream.py)
+            side_stream.join()
         if outermost and s.step is not None:
             step, s.step = s.step, None
             step.exited = True
             if not step.defer_forward_update():
-                _update_delayed(step.states, step.recipe, step.group, forward=True)
+                update = functools.partial(_update_delayed, step.states, step.recipe, step.group,
+                                           forward=True)
+                if step.casts_done is not None and step.states:
+                    update_stream.after_event(update, step.casts_done, step.states[0].device)
+                else:
+                    update()
             if step.pending_backward <= 0 and step.states and not step.bwd_done:
                 step.bwd_done = True  # nothing will run backward (inference): no backward update
             step.release_if_done()
@@ -396,9 +408,25 @@ def register_forward(state: RecipeState, expect_backward: bool = True) -> Option
     if state.step_id is not step:
         state.step_id = step
         step.states.append(state)
+    step.casts_done = None  # this forward's casts come after any marked so far
     if expect_backward:
         step.pending_backward += 1
     return step
+
+
+def forward_casts_done(step: Optional[_Step], device: torch.device) -> None:
+    """Called by a module's FP8 forward (`step`: its FP8CallInfo's) once it launched its last
+    cast: when no other module's forward registers with the step before the autocast exits, the
+    step's forward amax reduction and scale update start from that point, beside the module's
+    last GEMM, instead of at the exit (update_stream.after_event). Only steps that reduce their
+    amaxes over a group on a GPU take it."""
+    if (step is None or step.group is None or not step.recipe.reduce_amax
+            or device.type != "cuda" or torch.compiler.is_compiling()
+            or not update_stream.forward_after_last_cast):
+        return
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    step.casts_done = event
 
 
 # ----- NVIDIA TE's class-method view of the autocast state ---------------------------------------

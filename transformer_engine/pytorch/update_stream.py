@@ -1,19 +1,24 @@
-"""Where a DelayedScaling step's backward amax reduction and scale update run when they reduce
-over a process group: on a side stream, beside the rest of the backward, rather than in line.
+"""Where a DelayedScaling step's amax reductions and scale updates run when they reduce over a
+process group: on a side stream, beside the work that follows them, rather than in line.
 
 The reduction is a collective, so in line it costs the all-reduce plus however long the other
-ranks take to reach it, with the SMs idle meanwhile. The step's backward update is made when its
-last backward finishes (quantization._Step.backward_finished), and nothing left in that backward
-reads what it writes: the first layer's LayerNorm backward and the gradients' accumulation run
-beside it, the GEMMs read the scale_inv each cast made for its own output. The backward's stream
-waits for the side stream when the backward ends (an autograd final callback), so the next
-reader of the scales (the next step's first cast) comes after it, and a CUDA-graph capture of the
-backward ends with the side stream joined. On two H100s, the GPT block at TP=2 + SP replayed
-from graphs: the all-reduce, its copies and the update (about 45 us in line) run under the
-LayerNorm backward, and the step takes about 0.05 ms less.
+ranks take to reach it, with the SMs idle meanwhile; and nothing that runs after it in its pass
+reads what the update writes (the casts that read the scales are done, the GEMMs read the
+scale_inv each cast made for its own output). Two points qualify (quantization.py):
 
-The forward update stays in line at the autocast's exit: started on a side stream after the
-step's last forward cast, beside the last GEMM, it measured no faster.
+- the backward update, made when the step's last backward finishes: the rest of that backward
+  (the first layer's LayerNorm backward, the gradients' accumulation) runs beside it, and the
+  backward's stream waits for it when the backward ends (an autograd final callback). On two
+  H100s, the GPT block at TP=2 + SP replayed from graphs: the all-reduce, its copies and the
+  update (about 45 us in line) run under the LayerNorm backward, and the step takes about 0.05
+  ms less;
+- the forward update, made when the outermost autocast exits: it starts instead after the last
+  forward cast of the step (`quantization.forward_casts_done`, called by LayerNormMLP after its
+  FC2 weight cast) beside the last GEMM, and the stream waits for it at the exit
+  (`forward_after_last_cast`).
+
+Either way the next reader of the scales (the next step's first cast) comes after the wait, and
+a CUDA-graph capture ends with the side stream joined.
 """
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ import torch
 _SIDE: dict = {}
 # updates run on the side stream so far (read by the tests: a silent fallback to the
 # in-line update would pass the numerics)
-runs = {"beside_backward": 0}
+runs = {"beside_backward": 0, "after_event": 0}
+# the forward update started after the step's last forward cast (quantization.forward_casts_done)
+forward_after_last_cast = True
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -51,3 +58,15 @@ def beside_backward(update: Callable[[], None], device: torch.device) -> None:
     with torch.cuda.stream(side):
         update()
     runs["beside_backward"] += 1
+
+
+def after_event(update: Callable[[], None], event: torch.cuda.Event,
+                device: torch.device) -> None:
+    """update() on the side stream of device once event (recorded on the current stream) has
+    passed, then the current stream waits for it."""
+    side = _side_stream(device)
+    side.wait_event(event)
+    with torch.cuda.stream(side):
+        update()
+    torch.cuda.current_stream(device).wait_stream(side)
+    runs["after_event"] += 1

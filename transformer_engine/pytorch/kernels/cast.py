@@ -192,9 +192,11 @@ def cast_unchecked(nc, rs, x, forward: bool, slot: int, need_transpose: bool):
     return out, out_t, scale_inv
 
 
-def transpose_unchecked(nc, x):
-    """x.T (2-D) as a new contiguous tensor."""
-    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
+def transpose_unchecked(nc, x, out=None):
+    """x.T (2-D) into out (contiguous [x.shape[1], x.shape[0]], made when None), on nc's
+    stream."""
+    if out is None:
+        out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
     nc.mod.transpose(describe(x), describe(out), nc.stream)
     return out
 

@@ -22,6 +22,7 @@ from ..module_parts.norm_args import check_normalization, param_for, reset_norm_
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
                                         start_gather_rows)
+from ..module_parts import side_stream
 from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_amax_group,
                                                  fp8_gather_applies, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -49,7 +50,7 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
         # high-precision rows, which need no gather
         ln_out, q, _, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0, False,
                                                   keep_hp, fp8_amax_group(fi, tp))
-        pending = start_fp8_gather(q, tp, need_transpose, async_op=True)
+        pending = start_fp8_gather(q, tp, need_transpose, async_op=True, forward=True)
         return ln_out, pending, None, sinv, mu, rsigma
     res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
     if not fp8 and tp.gather and not torch.compiler.is_compiling():
@@ -128,6 +129,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, *grad_extra):
+        side_stream.join()  # a gathered input's transpose made beside the forward
         grad_ln_out = grad_extra[:1] if ctx.return_ln_out else ()
         grad_input = grad_extra[-1] if ctx.pass_input else None
         inp_shape, out_features, in_features = ctx.shapes

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import quantization as q
 from ..checkpoint import checkpoint as _checkpoint
 from ..kernels.activation import (ACTIVATIONS, CLAMPED_SWIGLU, GATED, clamped_swiglu_backward,
                                   clamped_swiglu_forward, clamped_swiglu_params)
@@ -32,6 +33,7 @@ from ..module_parts.norm_args import check_normalization, param_for, reset_norm_
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
                                         gemm_reduce_scatter, start_gather_rows)
+from ..module_parts import side_stream
 from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_gather_applies,
                                                    gather_fp8_grad)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -101,6 +103,8 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
         aq_t = transposed(aq) if need["w2"] else None
     # FC2's transposed weight serves the backward's FC2 dgrad
     w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, need["fc1"], is_first_microbatch)
+    # the module's last forward cast: the step's forward update may start from here
+    q.forward_casts_done(fi.step, x2d.device)
     if tp.gather:  # this rank's rows of the reduce-scattered FC2 output (gather_gemm.py), its
         # bias and residual added by the GEMM of this rank's block
         y = gemm_reduce_scatter(aq, tp, w2q.shape[0], dtype, lambda rows, o, bias, res: (
@@ -239,6 +243,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, *grad_ln_out):
+        side_stream.join()  # a gathered input's transpose made beside the forward
         inp_shape, w1_shape, w2_shape = ctx.shapes
         module, fi, dtype, need = ctx.module, ctx.fi, ctx.dtype, ctx.need
         fuse = module.fuse_wgrad_accumulation

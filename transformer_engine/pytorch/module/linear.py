@@ -24,6 +24,7 @@ from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_r
                                         start_gather_rows)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
+from ..module_parts import side_stream
 from ..module_parts.sequence_parallel_fp8 import (fp8_amax_group, fp8_gather_applies,
                                                    gather_fp8_grad, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -87,7 +88,7 @@ class _LinearFn(torch.autograd.Function):
                 # weight is cast; the gathered rows' transpose serves wgrad
                 xq, _, x_sinv = cast(fi.rs, x2d, True, 0, False, fi.replay, fi.record,
                                      amax_group=fp8_amax_group(fi, sp))
-                pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True)
+                pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True, forward=True)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                               is_first_microbatch)
                 if fp8_blocks_fit(pending):  # the gather goes on under this rank's block
@@ -143,6 +144,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         inp_shape, out_features, in_features = ctx.shapes
+        side_stream.join()  # a gathered input's transpose made beside the forward
         dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, out_features)
         if dy.dtype != ctx.dtype:
             dy = dy.to(ctx.dtype)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather_bytes_first_dim, get_distributed_rank
 from ..library.cast import cast, transposed
-from . import copy_engine_tp
+from . import copy_engine_tp, side_stream
 from .gather_gemm import fp8_blocks_fit, gemm_over_gather
 
 
@@ -67,15 +67,20 @@ class PendingFP8Rows:
     """An FP8 all-gather in flight (async_op): `wait()` returns (gathered data, its transpose
     or None), the transpose made once the bytes are here. `local` (this rank's rows) and `rank`
     let a GEMM start on those rows before the others land (see gather_gemm.py)."""
-    __slots__ = ("data", "handle", "need_transpose", "local", "rank", "group", "copy_engine")
+    __slots__ = ("data", "handle", "need_transpose", "local", "rank", "group", "copy_engine",
+                 "ready", "beside")
 
     def __init__(self, data, handle, need_transpose, local=None, rank=0, group=None,
-                 copy_engine=None):
+                 copy_engine=None, ready=None, beside=False):
         self.data, self.handle, self.need_transpose = data, handle, need_transpose
         self.local, self.rank = local, rank
         # copy_engine: the group's name while the gather waits for gather_gemm.gemm_over_gather
         # to run it with the copy engines; a wait() before that gathers through NCCL instead
         self.group, self.copy_engine = group, copy_engine
+        # ready: an event after this rank's rows were written, from which the copy-engine
+        # pipeline may start beside the weight cast; beside: the transpose is a forward's, read
+        # only by the backward, and may run on the side stream (side_stream.py)
+        self.ready, self.beside = ready, beside
 
     def wait(self):
         if self.copy_engine is not None:
@@ -85,26 +90,36 @@ class PendingFP8Rows:
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
-        data_t = transposed(self.data) if self.need_transpose else None
+        data_t = None
+        if self.need_transpose:
+            data_t = side_stream.transpose_beside(self.data) if self.beside else None
+            if data_t is None:
+                data_t = transposed(self.data)
         return self.data, data_t
 
 
 def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
-                     async_op: bool = False) -> PendingFP8Rows:
+                     async_op: bool = False, forward: bool = False) -> PendingFP8Rows:
     """Starts the all-gather along dim 0 of this rank's FP8 rows `local` (quantised with the
     shared scale) over tp.group; with async_op the collective runs while the caller casts its
     weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
-    for the collective's stream, with no host synchronisation)."""
+    for the collective's stream, with no host synchronisation). forward: a forward's GEMM
+    input, whose transpose only the backward reads (side_stream.transpose_beside)."""
+    beside = forward and side_stream.usable(local)
     if async_op and local.shape[0] % 16 == 0:  # rows an FP8 GEMM block can take
         name = copy_engine_tp.chosen(local, tp, local.numel())
         if name is not None:  # moved under the GEMM's blocks (gather_gemm.gemm_over_gather)
             out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]),
                               dtype=local.dtype, device=local.device)
+            ready = None
+            if beside:
+                ready = torch.cuda.Event()
+                ready.record()
             return PendingFP8Rows(out, None, need_transpose, local.contiguous(),
-                                  get_distributed_rank(tp.group), tp.group, name)
+                                  get_distributed_rank(tp.group), tp.group, name, ready, beside)
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
     return PendingFP8Rows(out.view(local.dtype), handle, need_transpose, local,
-                          get_distributed_rank(tp.group))
+                          get_distributed_rank(tp.group), beside=beside)
 
 
 def arrived(data, data_t):

@@ -1,8 +1,10 @@
-"""The backward's delayed-scaling update of a step that reduces its amaxes over a group runs on
-a side stream (transformer_engine/pytorch/update_stream.py): a TransformerLayer split over two
-GPUs (TP=2 + SP, DelayedScaling, amax reduced over the group) gives the same bits as with the
-update in line (outputs, input and parameter gradients, every FP8 state, three steps), eagerly
-and replayed from CUDA graphs, and the side stream is taken. Needs two GPUs."""
+"""Work that a TransformerLayer's FP8 step split over two GPUs (TP=2 + SP, DelayedScaling, amax
+reduced over the group) runs on side streams gives the same bits as in line (outputs, input and
+parameter gradients, every FP8 state, three steps), eagerly (the copy engines moving the rows,
+NVTE_TP_OVERLAP=1) and replayed from CUDA graphs, and each piece is taken: the backward's
+delayed-scaling update and the forward's (transformer_engine/pytorch/update_stream.py), the
+transposes of the forward's gathered FP8 rows and the gather pipelines started beside the weight
+casts (module_parts/side_stream.py). Needs two GPUs."""
 import functools
 import gc
 import os
@@ -63,31 +65,52 @@ def _steps(group, rank, world, graphed: bool):
     return got
 
 
+def _counts():
+    from transformer_engine.pytorch import update_stream
+    from transformer_engine.pytorch.module_parts import side_stream
+    return {**update_stream.runs, **{f"side_{k}": v for k, v in side_stream.runs.items()}}
+
+
+def _switch(on: bool):
+    from transformer_engine.pytorch import update_stream
+    from transformer_engine.pytorch.module_parts import side_stream
+    update_stream.forward_after_last_cast = side_stream.enabled = on
+    update_stream.beside_backward = _BESIDE if on else (lambda update, device: update())
+
+
 def _body(graphed, rank, world, group):
     import torch.distributed as dist
     from transformer_engine.pytorch import update_stream
-    before = update_stream.runs["beside_backward"]
-    beside = _steps(group, rank, world, graphed)
-    taken = update_stream.runs["beside_backward"] - before
-    saved = update_stream.beside_backward
-    update_stream.beside_backward = lambda update, device: update()
+    global _BESIDE
+    _BESIDE = update_stream.beside_backward
+    os.environ["NVTE_TP_OVERLAP"] = "graphs" if graphed else "1"
+    before = _counts()
+    moved = _steps(group, rank, world, graphed)
+    after = _counts()
+    taken = {k: after[k] - before[k] for k in before}
+    _switch(False)
     try:
         in_line = _steps(group, rank, world, graphed)
     finally:
-        update_stream.beside_backward = saved
+        _switch(True)
     errors = []
-    # every backward of the eager steps; the graph's warm-up and captured backwards
-    if taken < (3 if not graphed else 1):
-        errors.append(f"side stream taken {taken} times")
-    errors += [f"tensor {i} differs" for i, (a, b) in enumerate(zip(beside, in_line))
+    # eager: every step's updates, both gathers' pipelines and transposes (QKV, FC1) of every
+    # step; graphed: the capture's at least
+    least = ({"beside_backward": 3, "after_event": 3, "side_transpose": 6, "side_gather": 6}
+             if not graphed else dict.fromkeys(taken, 1))
+    errors += [f"{k} taken {taken[k]} times" for k in least if taken[k] < least[k]]
+    if _counts() != after:
+        errors.append("side-stream work taken while switched off")
+    errors += [f"tensor {i} differs" for i, (a, b) in enumerate(zip(moved, in_line))
                if not torch.equal(a, b)]
     # every rank learns every rank's verdict, so that none raises while a peer waits for it
     verdicts = [None] * world
-    dist.all_gather_object(verdicts, errors)
-    assert not any(verdicts), verdicts
+    dist.all_gather_object(verdicts, errors, group=group)
+    bad = {r: v for r, v in enumerate(verdicts) if v}
+    assert not bad, bad
 
 
 @pytest.mark.skipif(_gpus() < WORLD, reason=f"needs {WORLD} GPUs")
 @pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
-def test_update_beside_backward_matches_in_line(graphed):
+def test_side_stream_work_matches_in_line(graphed):
     spawn_nccl(functools.partial(_body, graphed), WORLD)
