@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
+from .module_parts import weight_cast_beside
 from .module_parts.input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 from .module_parts.nv_options import check_off
@@ -279,6 +280,23 @@ class TransformerLayer(torch.nn.Module):
             x = _drop_path(x, self.drop_path_rate, True, 1 if self.attn_input_format == "sbhd" else 0)
         return residual + x
 
+    def _weight_casts_beside(self, hidden_states, is_first_microbatch):
+        """Under FP8 with sequence parallelism: the call that casts the attention projection's
+        and the MLP's weights on a side stream right before the core attention, for their
+        forwards to take (module_parts/weight_cast_beside.py); None where it does not apply."""
+        proj = getattr(self.self_attention, "proj", None)
+        mlp = self.layernorm_mlp
+        if (proj is None or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
+                or not hidden_states.is_cuda or not proj.sequence_parallel or proj.tp_size < 2
+                or proj.parallel_mode != "row"):
+            return None
+        items = ((proj, proj._parameters.get("weight"), 1),
+                 (mlp, mlp._parameters.get("fc1_weight"), 1),
+                 (mlp, mlp._parameters.get("fc2_weight"), 3))
+        if not any(w is not None and weight_cast_beside.applies(m, w) for m, w, _ in items):
+            return None
+        return lambda: weight_cast_beside.cast_beside(items)
+
     def _residual_in_gemms(self) -> bool:
         """Whether the residual adds can ride the output GEMMs (attention projection, FC2): only
         when nothing acts on a branch between its GEMM and the add (dropout, drop-path) and the
@@ -417,7 +435,8 @@ class TransformerLayer(torch.nn.Module):
             core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
             max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill,
-            _residual=hidden_states if fused else None)
+            _residual=hidden_states if fused else None,
+            _before_core=self._weight_casts_beside(hidden_states, is_first_microbatch))
         attn_out, ln_out = self._split(attn, want_ln_out)
         residual = ln_out if want_ln_out else hidden_states
         if self.parallel_attention_mlp:

@@ -331,9 +331,12 @@ class MultiheadAttention(torch.nn.Module):
                 rotary_pos_emb: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
                 core_attention_bias_type: str = "no_bias", core_attention_bias=None, alibi_slopes=None,
                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
-                fast_zero_fill: bool = True, *, _residual: Optional[torch.Tensor] = None):
+                fast_zero_fill: bool = True, *, _residual: Optional[torch.Tensor] = None,
+                _before_core=None):
         # _residual (internal: TransformerLayer's residual connection) is added to the output,
-        # by the projection's GEMM where it can (Linear.residual_in_gemm)
+        # by the projection's GEMM where it can (Linear.residual_in_gemm); _before_core
+        # (internal: TransformerLayer's weight casts made beside the core attention) is called
+        # right before the core attention
         """Apply the attention block to ``hidden_states``.
 
         Parameters
@@ -424,6 +427,8 @@ class MultiheadAttention(torch.nn.Module):
         if rotary_pos_emb is not None:
             q, k = self._rope(q, k, rotary_pos_emb, self.qkv_format, inference_params,
                               cu_seqlens_q, cu_seqlens_kv)
+        if _before_core is not None:
+            _before_core()
         context = self.core_attention(
             q, k, v, attention_mask=attention_mask, qkv_format=self.qkv_format,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,

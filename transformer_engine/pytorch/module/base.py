@@ -12,6 +12,7 @@ from .. import fp8_recompute, quantization as q
 from ..library.cast import cast, transposed
 from ..quantization import FP8GlobalState
 from ..tensor import Float8BlockwiseQTensor, Float8Tensor, delayed_weight
+from ..module_parts import weight_cast_beside
 from ..module_parts.input_check import call_checked
 from ..module_parts.wgrad import DelayedWeightGrad, get_dummy_wgrad  # noqa: F401  (NVIDIA TE's path)
 
@@ -348,12 +349,18 @@ def get_workspace() -> torch.Tensor:
 
 
 def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
-    """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the per-step
-    cache (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
+    """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the cast made
+    beside the core attention for this forward (module_parts/weight_cast_beside.py), the
+    per-step cache (is_first_microbatch=False reuses what the first microbatch cast), or a
+    fresh cast."""
     if isinstance(weight, Float8Tensor):
         if fi.rs.delayed:
             delayed_weight.follow_module_state(weight, fi.rs, slot)
         return weight._data, (weight.transpose_fp8() if need_transpose else None), weight._scale_inv
+    if is_first_microbatch is None and module is not None:
+        made = weight_cast_beside.take(module, weight, fi, slot, need_transpose)
+        if made is not None:
+            return made
     cache = module._fp8_weight_cache if module is not None else None
     if is_first_microbatch is False and cache is not None and slot in cache:
         data, data_t, scale_inv = cache[slot]

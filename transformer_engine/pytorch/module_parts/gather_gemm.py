@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..collectives import get_distributed_rank, reduce_scatter_first_dim
 from ...common import config
-from . import copy_engine_tp, side_stream
+from . import copy_engine_tp
 
 
 def _mode() -> str:
@@ -105,15 +105,8 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
         def consume(block, src):
             gemm(block.view(dtype), [o[src * rows:(src + 1) * rows] for o in outs])
         name, pending.copy_engine = pending.copy_engine, None
-
-        def pipeline(consumer):
-            copy_engine_tp.gather_and_consume(pending.local.view(torch.uint8),
-                                              pending.data.view(torch.uint8), name, consumer)
-        ready = getattr(pending, "ready", None)
-        if ready is not None:  # FP8: started beside the weight cast (side_stream.py)
-            side_stream.gather_beside_cast(ready, pending.local.device, pipeline, consume)
-        else:
-            pipeline(consume)
+        copy_engine_tp.gather_and_consume(pending.local.view(torch.uint8),
+                                          pending.data.view(torch.uint8), name, consume)
         return pending.wait()  # the gathered rows (FP8: with their transpose, made now)
     if not _overlap():
         arrived = pending.wait()

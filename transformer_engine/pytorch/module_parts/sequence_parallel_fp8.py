@@ -68,19 +68,18 @@ class PendingFP8Rows:
     or None), the transpose made once the bytes are here. `local` (this rank's rows) and `rank`
     let a GEMM start on those rows before the others land (see gather_gemm.py)."""
     __slots__ = ("data", "handle", "need_transpose", "local", "rank", "group", "copy_engine",
-                 "ready", "beside")
+                 "beside")
 
     def __init__(self, data, handle, need_transpose, local=None, rank=0, group=None,
-                 copy_engine=None, ready=None, beside=False):
+                 copy_engine=None, beside=False):
         self.data, self.handle, self.need_transpose = data, handle, need_transpose
         self.local, self.rank = local, rank
         # copy_engine: the group's name while the gather waits for gather_gemm.gemm_over_gather
         # to run it with the copy engines; a wait() before that gathers through NCCL instead
         self.group, self.copy_engine = group, copy_engine
-        # ready: an event after this rank's rows were written, from which the copy-engine
-        # pipeline may start beside the weight cast; beside: the transpose is a forward's, read
-        # only by the backward, and may run on the side stream (side_stream.py)
-        self.ready, self.beside = ready, beside
+        # beside: the transpose is a forward's, read only by the backward, and may run on the
+        # side stream (side_stream.py)
+        self.beside = beside
 
     def wait(self):
         if self.copy_engine is not None:
@@ -111,12 +110,8 @@ def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
         if name is not None:  # moved under the GEMM's blocks (gather_gemm.gemm_over_gather)
             out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]),
                               dtype=local.dtype, device=local.device)
-            ready = None
-            if beside:
-                ready = torch.cuda.Event()
-                ready.record()
             return PendingFP8Rows(out, None, need_transpose, local.contiguous(),
-                                  get_distributed_rank(tp.group), tp.group, name, ready, beside)
+                                  get_distributed_rank(tp.group), tp.group, name, beside)
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
     return PendingFP8Rows(out.view(local.dtype), handle, need_transpose, local,
                           get_distributed_rank(tp.group), beside=beside)

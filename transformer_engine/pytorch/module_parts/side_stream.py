@@ -1,24 +1,20 @@
-"""Pieces of an FP8 sequence-parallel forward that run on a side stream, beside work of the main
-stream that does not depend on them:
+"""The side stream (one per device) that parts of an FP8 sequence-parallel forward run on,
+beside main-stream work that does not depend on them, and the join that orders them before
+their readers:
 
-- `transpose_beside`: the transpose of a column-parallel GEMM's gathered FP8 input, which only the
-  backward's weight gradient reads. In line it sits between the gather and what follows (the
-  attention, the activation); beside, it runs under them. Every such transpose is joined
-  (`join`) before anything can read it: when the outermost FP8 autocast exits (so that a CUDA
-  graph capture of the forward also ends joined) and at the top of each FP8 backward that
-  consumes one (a backward run inside the autocast).
-- `gather_beside_cast`: the copy-engine gather pipeline of an FP8 GEMM input started on the side
-  stream as soon as the norm has written this rank's rows, while the main stream casts the
-  weight; each GEMM block first waits for that cast. In line, the pipeline's opening barrier,
-  copy into the symmetric workspace and second barrier wait behind the weight cast.
+- `transpose_beside`: the transpose of a column-parallel GEMM's gathered FP8 input, which only
+  the backward's weight gradient reads. In line it sits between the gather and what follows
+  (the attention, the activation); beside, the first one runs under the core attention;
+- the weight casts that TransformerLayer makes beside its core attention
+  (weight_cast_beside.py).
 
-On two GPUs, GPT block at TP=2 + SP replayed from CUDA graphs, each moves about 10-15 us per
-gather off the step's critical path; the transposes and GEMMs are the same kernels on the same
-bytes, so the results are bit-identical to the in-line order (tests/distributed).
+Every piece is registered (`pending`) and joined (`join`) before anything can read it: when the
+outermost FP8 autocast exits (so that a CUDA graph capture of the forward also ends joined),
+at the top of each FP8 backward (a backward run inside the autocast), and, for a weight cast,
+by the forward that takes it. The kernels are the in-line ones on the same bytes, so the results
+are bit-identical to the in-line order (tests/distributed/test_fp8_step_overlap_nccl.py).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -29,13 +25,14 @@ from ..kernels.cast import transpose_unchecked
 enabled = True
 # side-stream work launched so far, by kind (read by the tests: a silent fallback to the
 # in-line order would pass the numerics)
-runs = {"transpose": 0, "gather": 0}
+runs = {"transpose": 0}
 
 _STREAMS: dict = {}
-_PENDING: list = []  # (stream index, event) of transposes not joined yet
+_PENDING: list = []  # (device index, event) of side-stream work not joined yet
 
 
-def _side(device: torch.device) -> torch.cuda.Stream:
+def side(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of device (one per device, made on first use)."""
     stream = _STREAMS.get(device.index)
     if stream is None:
         stream = _STREAMS[device.index] = torch.cuda.Stream(device)
@@ -54,49 +51,33 @@ def transpose_beside(data: torch.Tensor):
         return None
     main = torch.cuda.current_stream(data.device)
     out = torch.empty((data.shape[1], data.shape[0]), dtype=data.dtype, device=data.device)
-    side = _side(data.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
+    aside = side(data.device)
+    aside.wait_stream(main)
+    with torch.cuda.stream(aside):
         transpose_unchecked(eager.native_call(data), data, out)
     if not torch.cuda.is_current_stream_capturing():
         # both were made on the main stream: a free there must not hand their memory to new
         # work before the side stream is done with it (under capture the join at the
         # autocast's exit orders the graph)
-        data.record_stream(side)
-        out.record_stream(side)
+        data.record_stream(aside)
+        out.record_stream(aside)
     event = torch.cuda.Event()
-    event.record(side)
-    _PENDING.append((data.device.index, event))
+    event.record(aside)
+    pending(data.device, event)
     runs["transpose"] += 1
     return out
 
 
+def pending(device: torch.device, event: torch.cuda.Event) -> None:
+    """Registers side-stream work (done when event has passed) for the next `join`."""
+    _PENDING.append((device.index, event))
+
+
 def join() -> None:
-    """The current stream of each device waits for every transpose launched beside so far."""
+    """The current stream of each device waits for all side-stream work registered so far (the
+    transposes, and weight casts no forward took: weight_cast_beside.py)."""
     if not _PENDING:
         return
     for index, event in _PENDING:
         torch.cuda.current_stream(index).wait_event(event)
     _PENDING.clear()
-
-
-def gather_beside_cast(ready: torch.cuda.Event, device: torch.device,
-                       pipeline: Callable[[Callable], None],
-                       consume: Callable[[torch.Tensor, int], None]) -> None:
-    """Runs pipeline(wrapped consume) on the side stream from `ready` (recorded on the main
-    stream when this rank's rows were written), each consume call first waiting for the main
-    stream's work issued before the pipeline (the weight cast); the main stream then waits for
-    the whole pipeline."""
-    main = torch.cuda.current_stream(device)
-    cast_done = torch.cuda.Event()
-    cast_done.record(main)
-    side = _side(device)
-    side.wait_event(ready)
-
-    def after_cast(block, src):
-        torch.cuda.current_stream(device).wait_event(cast_done)
-        consume(block, src)
-    with torch.cuda.stream(side):
-        pipeline(after_cast)
-    main.wait_stream(side)
-    runs["gather"] += 1

@@ -1,0 +1,96 @@
+"""FP8 weight casts made on a side stream under a TransformerLayer's core attention, for the
+modules after it to take.
+
+Under sequence parallelism a TransformerLayer's FP8 forward runs the attention projection's and
+the MLP's weight casts (memory-bound, about 85 us per step for the GPT block at TP=2 on an
+H200) in line, between GEMMs and collectives that wait for them. A weight's cast depends only on
+the weight and its forward scale, both fixed for the whole forward, so TransformerLayer makes
+them beside the core attention (compute-bound, its blocks leave room for another kernel's)
+and each module's forward takes its cast (`take`, through base.fp8_weight) when it still is the
+one that forward would make: the same weight tensor at the same version, the same recipe state,
+a plain call (no checkpoint record or replay, no microbatch cache). Otherwise it is dropped and
+the forward casts as usual. Only DelayedScaling casts are made ahead (the scale is the module's
+state, made by an earlier call); the cast writes the weight's amax into the module's history, as
+the module's own cast would. A cast left untaken is joined at the autocast's exit
+(side_stream.join), so a graph capture of the forward still ends joined.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..library.cast import cast as _cast, transposed
+from ..quantization import FP8GlobalState
+from ..recipe_state import _recipe_key
+from . import side_stream
+
+# casts handed to a module's forward so far (read by the tests: the path must not go unused)
+taken = 0
+
+
+class _Cast:
+    __slots__ = ("weight", "version", "rs", "data", "data_t", "scale_inv", "event")
+
+
+def applies(module, weight) -> bool:
+    """Whether a cast of weight made now is the one the module's next forward would make."""
+    s = FP8GlobalState
+    if not (side_stream.enabled and s.enabled and s.recompute_phase == 0 and s.recipe is not None
+            and s.recipe.delayed()):
+        return False
+    # a plain tensor only: not a Float8Tensor, nor a DTensor shard (FSDP2 gathers it later)
+    if (type(weight) not in (torch.Tensor, torch.nn.Parameter) or not weight.is_cuda
+            or weight.dim() != 2 or not weight.is_contiguous() or torch.compiler.is_compiling()):
+        return False
+    rs = getattr(module, "_fp8_state", None)
+    return (rs is not None and rs.delayed and rs.device == weight.device
+            and rs.key == _recipe_key(s.recipe))
+
+
+def cast_beside(items) -> None:
+    """Casts each (module, weight, slot) of items that `applies` on the side stream of its
+    device, from the current stream's work so far, for the module's next forward."""
+    items = [(m, w, slot) for m, w, slot in items if w is not None and applies(m, w)]
+    if not items:
+        return
+    device = items[0][1].device
+    main = torch.cuda.current_stream(device)
+    capturing = torch.cuda.is_current_stream_capturing()
+    side = side_stream.side(device)
+    side.wait_stream(main)
+    made = []
+    with torch.cuda.stream(side):
+        for module, weight, slot in items:
+            entry = _Cast()
+            entry.data, entry.data_t, entry.scale_inv = _cast(module._fp8_state, weight, True, slot,
+                                                              torch.is_grad_enabled())
+            entry.weight, entry.version, entry.rs = weight, weight._version, module._fp8_state
+            made.append((module, slot, entry))
+    event = torch.cuda.Event()
+    event.record(side)
+    for module, slot, entry in made:
+        entry.event = event
+        if not capturing:
+            # made on the side stream, read and freed on the main one: the allocator must not
+            # hand their memory to later side-stream work before the main stream is done
+            for t in (entry.data, entry.data_t, entry.scale_inv):
+                if t is not None:
+                    t.record_stream(main)
+        module.__dict__.setdefault("_fp8_weights_beside", {})[slot] = entry
+    side_stream.pending(device, event)
+
+
+def take(module, weight, fi, slot: int, need_transpose: bool):
+    """(data, data_t, scale_inv) of the cast made beside for this call, or None (none made, or it
+    no longer fits: the caller casts). Any cast made beside for the slot is dropped."""
+    ahead = module.__dict__.get("_fp8_weights_beside") if module is not None else None
+    entry = ahead.pop(slot, None) if ahead else None
+    if (entry is None or entry.weight is not weight or entry.version != weight._version
+            or entry.rs is not fi.rs or fi.replay is not None or fi.record is not None):
+        return None
+    global taken
+    taken += 1
+    torch.cuda.current_stream(weight.device).wait_event(entry.event)
+    data_t = entry.data_t
+    if need_transpose and data_t is None:
+        data_t = transposed(entry.data)
+    return entry.data, data_t, entry.scale_inv
