@@ -1,7 +1,7 @@
 """Work that a TransformerLayer's FP8 step split over two GPUs (TP=2 + SP, DelayedScaling, amax
 reduced over the group) runs on side streams gives the same bits as in line (outputs, input and
-parameter gradients, every FP8 state, three steps), eagerly (the copy engines moving the rows,
-NVTE_TP_OVERLAP=1) and replayed from CUDA graphs, and each piece is taken: the backward's
+parameter gradients, every FP8 state, three steps), eagerly (NVTE_TP_OVERLAP=1, which asks for
+them in eager calls) and replayed from CUDA graphs, and each piece is taken: the backward's
 delayed-scaling update and the forward's (transformer_engine/pytorch/update_stream.py), the
 transposes of the forward's gathered FP8 rows (module_parts/side_stream.py) and the weight casts
 made beside the core attention (module_parts/weight_cast_beside.py). Needs two GPUs."""
@@ -105,6 +105,14 @@ def _body(graphed, rank, world, group):
         errors.append("side-stream work taken while switched off")
     errors += [f"tensor {i} differs" for i, (a, b) in enumerate(zip(moved, in_line))
                if not torch.equal(a, b)]
+    if not graphed:
+        # eager calls under the default schedule keep the transposes and weight casts in line
+        os.environ["NVTE_TP_OVERLAP"] = "graphs"
+        start = _counts()
+        _steps(group, rank, world, graphed)
+        moved_again = {k: _counts()[k] - start[k] for k in ("side_transpose", "weight_casts_taken")}
+        if any(moved_again.values()):
+            errors.append(f"eager calls under NVTE_TP_OVERLAP=graphs took {moved_again}")
     # every rank learns every rank's verdict, so that none raises while a peer waits for it
     verdicts = [None] * world
     dist.all_gather_object(verdicts, errors, group=group)

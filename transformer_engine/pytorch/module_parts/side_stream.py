@@ -8,7 +8,8 @@ their readers:
 - the weight casts that TransformerLayer makes beside its core attention
   (weight_cast_beside.py).
 
-Every piece is registered (`pending`) and joined (`join`) before anything can read it: when the
+Both apply while a CUDA graph is captured, and to eager calls under NVTE_TP_OVERLAP=1
+(`usable`). Every piece is registered (`pending`) and joined (`join`) before anything can read it: when the
 outermost FP8 autocast exits (so that a CUDA graph capture of the forward also ends joined),
 at the top of each FP8 backward (a backward run inside the autocast), and, for a weight cast,
 by the forward that takes it. The kernels are the in-line ones on the same bytes, so the results
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ...common import config
 from ..kernels import eager
 from ..kernels.cast import transpose_unchecked
 
@@ -40,7 +42,14 @@ def side(device: torch.device) -> torch.cuda.Stream:
 
 
 def usable(t: torch.Tensor) -> bool:
-    return enabled and t.is_cuda and not torch.compiler.is_compiling()
+    """Whether side-stream work applies to a call on t now: a CUDA tensor outside torch.compile,
+    while a CUDA graph is captured or under NVTE_TP_OVERLAP=1. Eager calls under the default
+    (NVTE_TP_OVERLAP=graphs) keep the in-line order, as they keep NCCL for the row blocks: a
+    split step is host-bound there, and the side stream's events and stream switches are host
+    time paid on every call, where a graph pays them once."""
+    if not (enabled and t.is_cuda) or torch.compiler.is_compiling():
+        return False
+    return torch.cuda.is_current_stream_capturing() or config.tp_overlap() == "1"
 
 
 def transpose_beside(data: torch.Tensor):

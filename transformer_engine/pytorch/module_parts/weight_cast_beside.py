@@ -34,12 +34,12 @@ class _Cast:
 def applies(module, weight) -> bool:
     """Whether a cast of weight made now is the one the module's next forward would make."""
     s = FP8GlobalState
-    if not (side_stream.enabled and s.enabled and s.recompute_phase == 0 and s.recipe is not None
+    if not (s.enabled and s.recompute_phase == 0 and s.recipe is not None
             and s.recipe.delayed()):
         return False
     # a plain tensor only: not a Float8Tensor, nor a DTensor shard (FSDP2 gathers it later)
-    if (type(weight) not in (torch.Tensor, torch.nn.Parameter) or not weight.is_cuda
-            or weight.dim() != 2 or not weight.is_contiguous() or torch.compiler.is_compiling()):
+    if (type(weight) not in (torch.Tensor, torch.nn.Parameter) or weight.dim() != 2
+            or not weight.is_contiguous() or not side_stream.usable(weight)):
         return False
     rs = getattr(module, "_fp8_state", None)
     return (rs is not None and rs.delayed and rs.device == weight.device
