@@ -283,7 +283,7 @@ class TransformerLayer(torch.nn.Module):
     def _weight_casts_beside(self, hidden_states, is_first_microbatch):
         """Under FP8 with sequence parallelism: the call that casts the attention projection's
         and the MLP's weights on a side stream right before the core attention, for their
-        forwards to take (module_parts/weight_cast_beside.py); None where it does not apply."""
+        forwards to take (module_parts/weight_cast_beside.py); None where it cannot apply."""
         proj = getattr(self.self_attention, "proj", None)
         mlp = self.layernorm_mlp
         if (proj is None or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
@@ -293,8 +293,7 @@ class TransformerLayer(torch.nn.Module):
         items = ((proj, proj._parameters.get("weight"), 1),
                  (mlp, mlp._parameters.get("fc1_weight"), 1),
                  (mlp, mlp._parameters.get("fc2_weight"), 3))
-        if not any(w is not None and weight_cast_beside.applies(m, w) for m, w, _ in items):
-            return None
+        # cast_beside keeps the items that apply (none: nothing is launched)
         return lambda: weight_cast_beside.cast_beside(items)
 
     def _residual_in_gemms(self) -> bool:

@@ -26,19 +26,13 @@ from typing import Callable
 
 import torch
 
-_SIDE: dict = {}
+from .module_parts import side_stream
+
 # updates run on the side stream so far (read by the tests: a silent fallback to the
 # in-line update would pass the numerics)
 runs = {"beside_backward": 0, "after_event": 0}
 # the forward update started after the step's last forward cast (quantization.forward_casts_done)
 forward_after_last_cast = True
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    stream = _SIDE.get(device.index)
-    if stream is None:
-        stream = _SIDE[device.index] = torch.cuda.Stream(device)
-    return stream
 
 
 def beside_backward(update: Callable[[], None], device: torch.device) -> None:
@@ -47,7 +41,7 @@ def beside_backward(update: Callable[[], None], device: torch.device) -> None:
     if device.type != "cuda" or torch.compiler.is_compiling():
         update()
         return
-    side = _side_stream(device)
+    side = side_stream.side(device, "update")
     try:
         torch.autograd.Variable._execution_engine.queue_callback(
             lambda: torch.cuda.current_stream(device).wait_stream(side))
@@ -64,7 +58,7 @@ def after_event(update: Callable[[], None], event: torch.cuda.Event,
                 device: torch.device) -> None:
     """update() on the side stream of device once event (recorded on the current stream) has
     passed, then the current stream waits for it."""
-    side = _side_stream(device)
+    side = side_stream.side(device, "update")
     side.wait_event(event)
     with torch.cuda.stream(side):
         update()

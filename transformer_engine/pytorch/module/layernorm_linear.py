@@ -50,7 +50,8 @@ def norm_for_gemm(module, x2d, gamma, beta, fi, fp8, need_transpose, keep_hp, tp
         # high-precision rows, which need no gather
         ln_out, q, _, sinv, mu, rsigma = norm_fp8(norm, x2d, gamma, beta, eps, zcg, fi, 0, False,
                                                   keep_hp, fp8_amax_group(fi, tp))
-        pending = start_fp8_gather(q, tp, need_transpose, async_op=True, forward=True)
+        pending = start_fp8_gather(q, tp, need_transpose, async_op=True,
+                                   transpose_beside=True)
         return ln_out, pending, None, sinv, mu, rsigma
     res = norm_hp(norm, x2d, gamma, beta, eps, zcg)
     if not fp8 and tp.gather and not torch.compiler.is_compiling():

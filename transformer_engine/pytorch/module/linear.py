@@ -88,7 +88,8 @@ class _LinearFn(torch.autograd.Function):
                 # weight is cast; the gathered rows' transpose serves wgrad
                 xq, _, x_sinv = cast(fi.rs, x2d, True, 0, False, fi.replay, fi.record,
                                      amax_group=fp8_amax_group(fi, sp))
-                pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True, forward=True)
+                pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True,
+                                           transpose_beside=True)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                               is_first_microbatch)
                 if fp8_blocks_fit(pending):  # the gather goes on under this rank's block

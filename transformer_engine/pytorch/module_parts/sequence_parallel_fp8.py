@@ -98,13 +98,14 @@ class PendingFP8Rows:
 
 
 def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
-                     async_op: bool = False, forward: bool = False) -> PendingFP8Rows:
+                     async_op: bool = False, transpose_beside: bool = False) -> PendingFP8Rows:
     """Starts the all-gather along dim 0 of this rank's FP8 rows `local` (quantised with the
     shared scale) over tp.group; with async_op the collective runs while the caller casts its
     weight, until it waits (torch.distributed's handle: on NCCL the compute stream then waits
-    for the collective's stream, with no host synchronisation). forward: a forward's GEMM
-    input, whose transpose only the backward reads (side_stream.transpose_beside)."""
-    beside = forward and side_stream.usable(local)
+    for the collective's stream, with no host synchronisation). transpose_beside: a forward's
+    GEMM input, whose transpose only the backward reads, may be transposed on the side stream
+    (side_stream.transpose_beside)."""
+    beside = transpose_beside and need_transpose and side_stream.usable(local)
     if async_op and local.shape[0] % 16 == 0:  # rows an FP8 GEMM block can take
         name = copy_engine_tp.chosen(local, tp, local.numel())
         if name is not None:  # moved under the GEMM's blocks (gather_gemm.gemm_over_gather)

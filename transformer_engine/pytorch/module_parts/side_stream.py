@@ -36,11 +36,14 @@ _STREAMS: dict = {}
 _PENDING: list = []  # (device index, event) of side-stream work not joined yet
 
 
-def side(device: torch.device) -> torch.cuda.Stream:
-    """The side stream of device (one per device, made on first use)."""
-    stream = _STREAMS.get(device.index)
+def side(device: torch.device, role: str = "forward") -> torch.cuda.Stream:
+    """The side stream of device for role (one per device and role, made on first use): the
+    forward's transposes and weight casts here, the step's amax updates (update_stream.py) on
+    their own."""
+    key = (role, device.index)
+    stream = _STREAMS.get(key)
     if stream is None:
-        stream = _STREAMS[device.index] = torch.cuda.Stream(device)
+        stream = _STREAMS[key] = torch.cuda.Stream(device)
     return stream
 
 
