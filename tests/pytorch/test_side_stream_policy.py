@@ -33,3 +33,29 @@ def test_side_stream_never_for_cpu_tensors():
         assert not side_stream.usable(torch.zeros(2))
         assert side_stream.transpose_beside(torch.zeros(2, 2, dtype=torch.uint8)) is None
 
+
+
+@pytest.mark.parametrize("mode", ["graphs", "1", "nccl", "0", ""])
+@pytest.mark.parametrize("capturing", [False, True])
+def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
+    # "graphs" (also the default, "") runs each GEMM whole in eager calls and in row blocks in
+    # captures; "1" and "nccl" always in blocks; "0" never
+    from transformer_engine.pytorch.module_parts import gather_gemm
+    with mock.patch.dict("os.environ", {"NVTE_TP_OVERLAP": mode}), \
+            mock.patch.object(torch.cuda, "is_available", return_value=True), \
+            mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=capturing):
+        expected = {"graphs": capturing, "": capturing, "1": True, "nccl": True, "0": False}[mode]
+        assert gather_gemm._overlap() == expected
+
+
+def test_after_blocks_launches_once_and_join_drops_what_is_left():
+    calls = []
+    side_stream.after_blocks(lambda: calls.append("a"))
+    side_stream.after_blocks(lambda: calls.append("b"))
+    side_stream.blocks_launched()
+    side_stream.blocks_launched()
+    assert calls == ["a", "b"]
+    side_stream.after_blocks(lambda: calls.append("late"))
+    side_stream.join()  # the autocast's exit: a launch no GEMM took is dropped
+    side_stream.blocks_launched()
+    assert calls == ["a", "b"]

@@ -10,7 +10,7 @@ rank's own block hides their exchange, and the partial sums add.
 
 The transfers (NVTE_TP_OVERLAP, common/config.py): the GPUs' copy engines through symmetric
 memory (copy_engine_tp.py) where torch has it and the group is NCCL on CUDA (with "graphs", only
-while a CUDA graph is captured); otherwise NCCL
+while a CUDA graph is captured; its eager calls run each GEMM whole); otherwise NCCL
 (an async all-gather; point-to-point for the row side with two ranks). On a backend that cannot
 run the gather asynchronously (gloo) it completes first and the blocks run back to back, with
 the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
@@ -30,18 +30,25 @@ import torch.distributed as dist
 
 from ..collectives import get_distributed_rank, reduce_scatter_first_dim
 from ...common import config
-from . import copy_engine_tp
+from . import copy_engine_tp, side_stream
 
 
 def _mode() -> str:
-    """"0" (whole GEMMs), "1" (blocks, copy engines where they run), "graphs" (blocks, copy
-    engines under graph capture) or "nccl" (blocks, NCCL);
+    """"0" (whole GEMMs), "1" (blocks, copy engines where they run), "graphs" (blocks with the
+    copy engines under graph capture, whole GEMMs in eager calls) or "nccl" (blocks, NCCL);
     "0" inside a traced graph, whose collectives are synchronous."""
     return "0" if torch.compiler.is_compiling() else config.tp_overlap()
 
 
 def _overlap() -> bool:
-    return _mode() != "0"
+    """Whether GEMMs run in row blocks now. Under "graphs" an eager call runs them whole: a split
+    eager step is host-bound, and each block is one more launch, event and stream switch on
+    every call (two H200s, GPT block at TP=2 + SP, eager: FP8 5.03 ms per step whole against
+    5.86 ms in blocks over NCCL, BF16 4.95 against 4.92), while a graph replay pays none."""
+    mode = _mode()
+    if mode == "graphs":
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return mode != "0"
 
 
 class PendingRows:
@@ -138,12 +145,15 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
     (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered.
     bias ([out_cols]) and addend (this rank's rows, [rows, out_cols], a residual) are added
     once, by the GEMM of this rank's block (its epilogue and C operand, so no separate adds),
-    or after the reduce-scatter where the GEMM runs whole."""
+    or after the reduce-scatter where the GEMM runs whole. Side-stream work waiting for a
+    GEMM's blocks (side_stream.after_blocks) is launched once they all are."""
     world = tp.size
     rows = x.shape[0] // world
-    blocks = rows > 0 and rows % block_multiple == 0 and _overlap()
+    blocks = rows > 0 and rows % block_multiple == 0 and _mode() != "0"
     if blocks:
+        # under "graphs" an eager call grows the workspace for the capture that may follow
         name = copy_engine_tp.chosen(x, tp, 2 * rows * out_cols * torch.finfo(dtype).bits // 8)
+        blocks = _overlap()
         if name is not None:
             rank = get_distributed_rank(tp.group)
 
@@ -151,11 +161,14 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                 own = r == rank
                 gemm(x[r * rows:(r + 1) * rows], out, bias if own else None,
                      addend if own else None)
+                if own:  # this rank's block comes last
+                    side_stream.blocks_launched()
             return copy_engine_tp.produce_and_reduce_scatter(rows, out_cols, world, dtype,
                                                              x.device, name, produce)
     if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full, None, None)
+        side_stream.blocks_launched()
         y = reduce_scatter_first_dim(full, tp.group)
         if bias is not None:
             y = y.add_(bias)
@@ -171,6 +184,7 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                                        dist.P2POp(dist.irecv, recv, peer, tp.group)])
     out = torch.empty_like(send)
     gemm(mine, out, bias, addend)
+    side_stream.blocks_launched()
     for request in requests:
         request.wait()
     return out.add_(recv)
