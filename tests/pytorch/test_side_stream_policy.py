@@ -47,15 +47,3 @@ def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
         expected = {"graphs": capturing, "": capturing, "1": True, "nccl": True, "0": False}[mode]
         assert gather_gemm._overlap() == expected
 
-
-def test_after_blocks_launches_once_and_join_drops_what_is_left():
-    calls = []
-    side_stream.after_blocks(lambda: calls.append("a"))
-    side_stream.after_blocks(lambda: calls.append("b"))
-    side_stream.blocks_launched()
-    side_stream.blocks_launched()
-    assert calls == ["a", "b"]
-    side_stream.after_blocks(lambda: calls.append("late"))
-    side_stream.join()  # the autocast's exit: a launch no GEMM took is dropped
-    side_stream.blocks_launched()
-    assert calls == ["a", "b"]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
-from .module_parts import side_stream, weight_cast_beside
+from .module_parts import weight_cast_beside
 from .module_parts.input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 from .module_parts.nv_options import check_off
@@ -281,34 +281,20 @@ class TransformerLayer(torch.nn.Module):
         return residual + x
 
     def _weight_casts_beside(self, hidden_states, is_first_microbatch):
-        """Under FP8 with sequence parallelism, the weight casts made on a side stream for the
-        modules' forwards to take (module_parts/weight_cast_beside.py): the QKV weight's now,
-        beside the norm and the gather that start the attention; the returned call (None where
-        nothing applies), run by MultiheadAttention right before its core attention, makes the
-        attention projection's and FC2's there and leaves FC1's to the projection's
-        reduce-scatter, once its GEMM blocks are launched (side_stream.after_blocks)."""
-        attention = self.self_attention
-        proj = getattr(attention, "proj", None)
+        """Under FP8 with sequence parallelism: the call that casts the attention projection's
+        and the MLP's weights on a side stream right before the core attention, for their
+        forwards to take (module_parts/weight_cast_beside.py); None where it cannot apply."""
+        proj = getattr(self.self_attention, "proj", None)
         mlp = self.layernorm_mlp
         if (proj is None or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
-                or not side_stream.usable(hidden_states) or not proj.sequence_parallel
-                or proj.tp_size < 2 or proj.parallel_mode != "row"):
+                or not hidden_states.is_cuda or not proj.sequence_parallel or proj.tp_size < 2
+                or proj.parallel_mode != "row"):
             return None
+        items = ((proj, proj._parameters.get("weight"), 1),
+                 (mlp, mlp._parameters.get("fc1_weight"), 1),
+                 (mlp, mlp._parameters.get("fc2_weight"), 3))
         # cast_beside keeps the items that apply (none: nothing is launched)
-        qkv = getattr(attention, "layernorm_qkv", None) or getattr(attention, "qkv", None)
-        if qkv is not None and qkv.sequence_parallel and qkv.parallel_mode == "column":
-            weight_cast_beside.cast_beside(((qkv, qkv._parameters.get("weight"), 1),))
-        under_core = ((proj, proj._parameters.get("weight"), 1),
-                      (mlp, mlp._parameters.get("fc2_weight"), 3))
-        fc1 = ((mlp, mlp._parameters.get("fc1_weight"), 1),)
-
-        def before_core():
-            weight_cast_beside.cast_beside(under_core)
-            # launched inside the projection's autograd forward, where grad mode is off: the
-            # transpose follows grad mode here, in the layer's own call, as FC1's forward will
-            transpose = torch.is_grad_enabled()
-            side_stream.after_blocks(lambda: weight_cast_beside.cast_beside(fc1, transpose))
-        return before_core
+        return lambda: weight_cast_beside.cast_beside(items)
 
     def _residual_in_gemms(self) -> bool:
         """Whether the residual adds can ride the output GEMMs (attention projection, FC2): only
@@ -450,7 +436,6 @@ class TransformerLayer(torch.nn.Module):
             max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill,
             _residual=hidden_states if fused else None,
             _before_core=self._weight_casts_beside(hidden_states, is_first_microbatch))
-        side_stream.blocks_launched()  # FC1's cast, where no reduce-scatter launched it
         attn_out, ln_out = self._split(attn, want_ln_out)
         residual = ln_out if want_ln_out else hidden_states
         if self.parallel_attention_mlp:

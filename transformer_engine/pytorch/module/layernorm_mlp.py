@@ -82,14 +82,8 @@ def _act_fp8(module, fi, h, activation, slot):
 def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp,
                  residual):
     act = module.activation
-    # with side-stream work under SP, the transpose of FC1's gathered input (only FC1's wgrad
-    # reads it) is launched after the activation, to run beside FC2's GEMMs rather than beside
-    # the activation, memory-bound too (side_stream.py). The activation's own transpose stays
-    # in its kernel: beside FC2 it slowed FC2's blocks by more than it saved (two H200s)
-    ln_t_beside = need["w1"] and tp.gather and side_stream.usable(x2d)
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
-        module, x2d, g, b, fi, True, need["w1"] and not ln_t_beside,
-        module.return_layernorm_output, tp)
+        module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
     w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     if isinstance(lnq, PendingFP8Rows) and fp8_blocks_fit(lnq):
         # a sequence-parallel FP8 gather ran during FC1's cast and goes on under this rank's
@@ -107,9 +101,6 @@ def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbat
     else:
         aq, a_sinv = _act_fp8(module, fi, h, act, 2)
         aq_t = transposed(aq) if need["w2"] else None
-    if ln_t_beside:
-        lnq_t = side_stream.transpose_beside(lnq)
-        lnq_t = transposed(lnq) if lnq_t is None else lnq_t
     # FC2's transposed weight serves the backward's FC2 dgrad
     w2q, w2q_t, w2_sinv = fp8_weight(module, w2, fi, 3, need["fc1"], is_first_microbatch)
     # the module's last forward cast: the step's forward update may start from here
@@ -272,11 +263,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
             if db2_dtype is not None:
                 db2_rows, db2_dtype = bias_grad_of(dy, db2_dtype), None
             if ctx.fp8 and fp8_gather_applies(fi, ctx.tp):
-                # with side-stream work, the transpose of the gathered gradient (FC2's wgrad
-                # reads it) is launched after the activation's backward, beside FC1's dgrad
-                dy_t_beside = need["w2"] and need["fc1"] and side_stream.usable(dy)
-                fp8_dy = gather_fp8_grad(fi, ctx.tp, dy, need["w2"] and not dy_t_beside,
-                                         w2_shape[1], (
+                fp8_dy = gather_fp8_grad(fi, ctx.tp, dy, need["w2"], w2_shape[1], (
                     (lambda rows, sinv, o: _gemms.dgrad_fp8(w2_t, w2_sinv, rows, sinv, dtype, out=o))
                     if need["fc1"] else None))
             elif ctx.fp8:
@@ -320,15 +307,10 @@ class _LayerNormMLPFn(torch.autograd.Function):
                     da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["fc1"]:
                 dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
-            if need["w2"] and dyq_t is None:
-                dyq_t = side_stream.transpose_beside(dyq)
-                if dyq_t is None:
-                    dyq_t = transposed(dyq)
             if need["dgrad"]:
                 pending = ctx.tp.dgrad_and_reduce(dhq, w1_shape[1], dtype, lambda rows, o: (
                     _gemms.dgrad_fp8(w1_t, w1_sinv, rows, dh_sinv, dtype, out=o)), 16)
             if need["w2"]:
-                side_stream.join()  # dyq_t, where it was transposed beside
                 dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
                     a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
             if need["w1"]:

@@ -15,7 +15,7 @@ from ..kernels import eager, linear_step
 from ..library import dispatch as K
 from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
-from ..library.cast import cast, record_amax, transposed
+from ..library.cast import cast, record_amax
 from ..tensor import Float8Tensor
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            original_input as _original_input, parallel as _parallel,
@@ -101,17 +101,8 @@ class _LinearFn(torch.autograd.Function):
                     y = _gemms.fprop_fp8(wq, w_sinv, xq, x_sinv, dtype, bias).out
                 ctx.save_for_backward(xq_t, x_sinv, wq_t, w_sinv)
             else:
-                # row parallel + SP with side-stream work: the input's transpose (wgrad reads
-                # it) runs on the side stream, beside this rank's GEMM blocks (side_stream.py)
-                t_later = (rs is not None and need_wgrad and not keep_input
-                           and side_stream.usable(x2d))
-                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0,
-                                        need_wgrad and not keep_input and not t_later,
+                xq, xq_t, x_sinv = cast(fi.rs, x2d, True, 0, need_wgrad and not keep_input,
                                         fi.replay, fi.record)
-                if t_later:
-                    xq_t = side_stream.transpose_beside(xq)
-                    if xq_t is None:
-                        xq_t = transposed(xq)
                 wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
                                                      is_first_microbatch)
                 if rs is not None:  # bias and residual by this rank's block (gather_gemm.py)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..collectives import get_distributed_rank, reduce_scatter_first_dim
 from ...common import config
-from . import copy_engine_tp, side_stream
+from . import copy_engine_tp
 
 
 def _mode() -> str:
@@ -43,8 +43,9 @@ def _mode() -> str:
 def _overlap() -> bool:
     """Whether GEMMs run in row blocks now. Under "graphs" an eager call runs them whole: a split
     eager step is host-bound, and each block is one more launch, event and stream switch on
-    every call (two H200s, GPT block at TP=2 + SP, eager: FP8 5.03 ms per step whole against
-    5.86 ms in blocks over NCCL, BF16 4.95 against 4.92), while a graph replay pays none."""
+    every call, while a graph replay pays none. GPT block at TP=2 + SP on two H200s, eager, in
+    each of six benchmark runs the whole GEMMs were faster than the blocks over NCCL: FP8
+    5.03-8.02 ms per step against 5.86-9.71, BF16 4.95-5.66 against 5.36-6.37."""
     mode = _mode()
     if mode == "graphs":
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -145,8 +146,7 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
     (FP8 GEMMs need 16), everything is multiplied, then reduce-scattered.
     bias ([out_cols]) and addend (this rank's rows, [rows, out_cols], a residual) are added
     once, by the GEMM of this rank's block (its epilogue and C operand, so no separate adds),
-    or after the reduce-scatter where the GEMM runs whole. Side-stream work waiting for a
-    GEMM's blocks (side_stream.after_blocks) is launched once they all are."""
+    or after the reduce-scatter where the GEMM runs whole."""
     world = tp.size
     rows = x.shape[0] // world
     blocks = rows > 0 and rows % block_multiple == 0 and _mode() != "0"
@@ -161,14 +161,11 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                 own = r == rank
                 gemm(x[r * rows:(r + 1) * rows], out, bias if own else None,
                      addend if own else None)
-                if own:  # this rank's block comes last
-                    side_stream.blocks_launched()
             return copy_engine_tp.produce_and_reduce_scatter(rows, out_cols, world, dtype,
                                                              x.device, name, produce)
     if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full, None, None)
-        side_stream.blocks_launched()
         y = reduce_scatter_first_dim(full, tp.group)
         if bias is not None:
             y = y.add_(bias)
@@ -184,7 +181,6 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                                        dist.P2POp(dist.irecv, recv, peer, tp.group)])
     out = torch.empty_like(send)
     gemm(mine, out, bias, addend)
-    side_stream.blocks_launched()
     for request in requests:
         request.wait()
     return out.add_(recv)

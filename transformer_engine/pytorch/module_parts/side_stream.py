@@ -1,31 +1,28 @@
-"""The side stream (one per device) that parts of an FP8 sequence-parallel step run on, beside
-main-stream work that does not depend on them, and the join that orders them before their
-readers:
+"""The side stream (one per device) that parts of an FP8 sequence-parallel forward run on,
+beside main-stream work that does not depend on them, and the join that orders them before
+their readers:
 
-- `transpose_beside`: FP8 transposes that only a weight gradient reads. The column-parallel
-  GEMMs' gathered inputs: QKV's runs under the core attention; FC1's is launched after the
-  activation, so that it runs beside FC2's GEMM blocks rather than beside another memory-bound
-  kernel. The row-parallel Linear's input (the attention projection's): cast without its
-  transpose, which runs beside the GEMM blocks. In the backward, the gathered output gradient
-  of LayerNormMLP's FC2: launched after the activation's backward, beside FC1's dgrad blocks,
-  joined before FC2's wgrad;
-- the weight casts that TransformerLayer makes beside other work (weight_cast_beside.py): the
-  QKV weight's beside the input's norm and gather, the attention projection's and FC2's beside
-  the core attention, FC1's beside the attention projection's reduce-scatter, once its GEMM
-  blocks are launched (`after_blocks`).
+- `transpose_beside`: the transpose of a column-parallel GEMM's gathered FP8 input, which only
+  the backward's weight gradient reads. In line it sits between the gather and what follows
+  (the attention, the activation); beside, the first one runs under the core attention;
+- the weight casts that TransformerLayer makes beside its core attention
+  (weight_cast_beside.py).
 
-All of it applies while a CUDA graph is captured, and to eager calls under NVTE_TP_OVERLAP=1
+Both apply while a CUDA graph is captured, and to eager calls under NVTE_TP_OVERLAP=1
 (`usable`). Every piece is registered (`pending`) and joined (`join`) before anything can read
 it: when the outermost FP8 autocast exits (so that a CUDA graph capture of the forward also ends
-joined), at the top of each FP8 backward (a backward run inside the autocast), before the wgrad
-that reads a backward's transpose, and, for a weight cast, by the forward that takes it. The
-kernels write the in-line ones' bytes, so the results are bit-identical to the in-line order
-(tests/distributed/test_fp8_step_overlap_nccl.py). Not everything gains beside: the
-activation's transpose, moved beside FC2, slowed FC2's blocks by more than it took off the
-critical path, and stays fused in the activation's kernel. On two H200s, GPT block at TP=2 + SP
-replayed from CUDA graphs, same-run A/B: the FP8 step took 3.05 ms with everything in line and
-2.96 ms with the forward's transposes, three weight casts and the forward's amax update
-(update_stream.py) beside the main stream.
+joined), at the top of each FP8 backward (a backward run inside the autocast), and, for a weight
+cast, by the forward that takes it. The kernels are the in-line ones on the same bytes, so the
+results are bit-identical to the in-line order (tests/distributed/test_fp8_step_overlap_nccl.py).
+On two H200s, GPT block at TP=2 + SP replayed from CUDA graphs, same-run A/B: the FP8 step took
+3.05 ms with everything in line and 2.96 ms with this work and the forward's amax update
+(update_stream.py) beside the main stream. Other placements measured no gain over this one
+(two H200s, same code built twice, three alternating runs each: 3.048 ms mean against 3.030):
+the QKV weight's cast beside the input's norm and gather, FC1's beside the projection's
+reduce-scatter, the transposes of FC1's gathered input after the activation, of the
+projection's input beside its GEMM blocks and of the backward's gathered FC2 output gradient
+beside FC1's dgrad; the activation's transpose beside FC2 slowed FC2's blocks by more than it
+took off the critical path.
 """
 from __future__ import annotations
 
@@ -43,7 +40,6 @@ runs = {"transpose": 0}
 
 _STREAMS: dict = {}
 _PENDING: list = []  # (device index, event) of side-stream work not joined yet
-_AFTER_BLOCKS: list = []  # calls waiting for the next row-parallel GEMM's blocks (after_blocks)
 
 
 def side(device: torch.device, role: str = "forward") -> torch.cuda.Stream:
@@ -93,21 +89,6 @@ def transpose_beside(data: torch.Tensor):
     return out
 
 
-def after_blocks(launch) -> None:
-    """launch() is called once the next row-parallel GEMM has launched all its blocks
-    (gather_gemm.gemm_reduce_scatter, `blocks_launched`), so that side-stream work it launches
-    starts when the GEMMs end and runs beside the reduce-scatter's transfer, whose SMs are
-    idle. A caller that cannot be sure such a GEMM follows calls `blocks_launched` itself
-    afterwards (a no-op once done)."""
-    _AFTER_BLOCKS.append(launch)
-
-
-def blocks_launched() -> None:
-    """Calls what `after_blocks` registered, once."""
-    while _AFTER_BLOCKS:
-        _AFTER_BLOCKS.pop(0)()
-
-
 def pending(device: torch.device, event: torch.cuda.Event) -> None:
     """Registers side-stream work (done when event has passed) for the next `join`."""
     _PENDING.append((device.index, event))
@@ -115,10 +96,7 @@ def pending(device: torch.device, event: torch.cuda.Event) -> None:
 
 def join() -> None:
     """The current stream of each device waits for all side-stream work registered so far (the
-    transposes, and weight casts no forward took: weight_cast_beside.py). Launches still
-    waiting for a GEMM's blocks (after_blocks) are dropped: what they would have made is made in
-    line by its reader."""
-    _AFTER_BLOCKS.clear()
+    transposes, and weight casts no forward took: weight_cast_beside.py)."""
     if not _PENDING:
         return
     for index, event in _PENDING:

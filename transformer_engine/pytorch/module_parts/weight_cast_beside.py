@@ -1,16 +1,14 @@
-"""FP8 weight casts made on a side stream beside other work of a TransformerLayer's forward, for
-the modules that read them to take.
+"""FP8 weight casts made on a side stream under a TransformerLayer's core attention, for the
+modules after it to take.
 
-Under sequence parallelism a TransformerLayer's FP8 forward runs its four weight casts
-(memory-bound, about 0.13 ms per step for the GPT block at TP=2 on an H200) in line, between
-GEMMs and collectives that wait for them. A weight's cast depends only on the weight and its
-forward scale, both fixed for the whole forward, so TransformerLayer makes them beside work
-that leaves the memory system room: the QKV weight's beside the input's norm and the start of
-its gather, the attention projection's and FC2's beside the core attention (compute-bound),
-FC1's beside the attention projection's reduce-scatter, once its GEMM blocks are launched
-(side_stream.after_blocks). Each module's forward takes its cast (`take`, through
-base.fp8_weight) when it still is the one that forward would make: the same weight tensor at the
-same version, the same recipe state and autocast step, a plain call (no checkpoint record or
+Under sequence parallelism a TransformerLayer's FP8 forward runs the attention projection's and
+the MLP's weight casts (memory-bound, about 85 us per step for the GPT block at TP=2 on an
+H200) in line, between GEMMs and collectives that wait for them. A weight's cast depends only on
+the weight and its forward scale, both fixed for the whole forward, so TransformerLayer makes
+them beside the core attention (compute-bound, its blocks leave room for another kernel's)
+and each module's forward takes its cast (`take`, through base.fp8_weight) when it still is the
+one that forward would make: the same weight tensor at the same version, the same recipe state
+and autocast step (scales change only between steps), a plain call (no checkpoint record or
 replay, no microbatch cache). Otherwise it is dropped and the forward casts as usual. Only
 DelayedScaling casts are made ahead (the scale is the module's state, made by an earlier call);
 the cast writes the weight's amax into the module's history, as the module's own cast would. A
@@ -51,14 +49,11 @@ def applies(module, weight) -> bool:
             and rs.key == _recipe_key(s.recipe))
 
 
-def cast_beside(items, transpose: bool | None = None) -> None:
+def cast_beside(items) -> None:
     """Casts each (module, weight, slot) of items that `applies` on the side stream of its
-    device, from the current stream's work so far, for the module's next forward; with the
-    transpose the backward's dgrad reads when `transpose` (default: grad mode is on, as it is
-    for a module's forward called now; a caller inside another module's autograd forward,
-    where grad mode is off, passes what the module's own call will have)."""
-    if transpose is None:
-        transpose = torch.is_grad_enabled()
+    device, from the current stream's work so far, for the module's next forward (with the
+    transpose the backward's dgrad reads when grad mode is on, as the module's own forward,
+    called next with the same grad mode, would)."""
     items = [(m, w, slot) for m, w, slot in items if w is not None and applies(m, w)]
     if not items:
         return
@@ -72,7 +67,7 @@ def cast_beside(items, transpose: bool | None = None) -> None:
         for module, weight, slot in items:
             entry = _Cast()
             entry.data, entry.data_t, entry.scale_inv = _cast(module._fp8_state, weight, True, slot,
-                                                              transpose)
+                                                              torch.is_grad_enabled())
             entry.weight, entry.version, entry.rs = weight, weight._version, module._fp8_state
             # the scales change only between autocast steps: a cast of another step is stale
             entry.step = FP8GlobalState.step
