@@ -396,15 +396,27 @@ def _body_graphs_schedule_eager(rank, world, group):
     from transformer_engine.pytorch.module_parts import copy_engine_tp
     global COUNT_NCCL_GATHERS
     COUNT_NCCL_GATHERS = False
+    import inspect
     copy_engine_tp._symm = pipelines = _PipelinesOverGloo(group)
     copy_engine_tp.usable = lambda t, tp, nbytes: tp.group.group_name
+    asked_by, chosen = set(), copy_engine_tp.chosen
+
+    def chosen_recorded(t, tp, nbytes):
+        asked_by.add(inspect.stack()[1].function)
+        return chosen(t, tp, nbytes)
+    copy_engine_tp.chosen = chosen_recorded
     before = dict(copy_engine_tp.transfers)
-    _body_rank_blocks(rank, world, group)
-    # eager calls under "graphs" take NCCL (here gloo), never the pipelines, and grow the
-    # workspace to what a capture of the same calls would need
+    try:
+        _body_rank_blocks(rank, world, group)
+    finally:
+        copy_engine_tp.chosen = chosen
+    # eager calls under "graphs" take NCCL (here gloo), never the pipelines, with each GEMM
+    # whole, and grow the workspace to what a capture of the same calls would need: the
+    # gathers' and the row-parallel reduce-scatters' (whose GEMMs no longer run in blocks)
     assert copy_engine_tp.transfers == before, copy_engine_tp.transfers
     assert not pipelines.gathered
     assert pipelines.workspace_sizes and max(pipelines.workspace_sizes) > 0, pipelines.workspace_sizes
+    assert {"gemm_reduce_scatter", "start_fp8_gather"} <= asked_by, asked_by
 
 
 def test_graphs_schedule_keeps_eager_calls_off_the_copy_engines_two_ranks_gloo(monkeypatch):
