@@ -15,7 +15,7 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
                 the rows
   *_ce          NVTE_TP_OVERLAP=1: the row blocks with the copy engines moving the rows (torch's
                 symmetric memory), eager calls included; unsuffixed rows: the default
-                (graphs: the copy engines in graph captures, NCCL in eager calls)
+                (graphs: the copy engines in graph captures, whole GEMMs in eager calls)
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
   collectives   one all-gather and one reduce-scatter of the split activation alone, and the

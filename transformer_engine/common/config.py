@@ -161,10 +161,10 @@ def tp_overlap() -> str:
     """NVTE_TP_OVERLAP: how sequence-parallel GEMMs meet their all-gather / reduce-scatter, in row
     blocks that hide the transfer or whole. "graphs" (default): the blocks' rows moved by the
     GPUs' copy engines through torch's symmetric memory (NVLink peers) while a CUDA graph is
-    captured, whose replays pay none of the pipelines' host time, and by NCCL in eager calls,
-    where that host time would cost more than the copy engines save; "1": the copy engines
-    always (where they run, else NCCL); "nccl": NCCL always; "0": each GEMM whole next to its
-    collective."""
+    captured, whose replays pay none of the pipelines' host time, and each GEMM whole next to
+    its collective in eager calls, which are host-bound (blocks would cost more host time than
+    they hide); "1": the copy engines always (where they run, else NCCL); "nccl": NCCL blocks
+    always; "0": each GEMM whole next to its collective."""
     value = os.environ.get("NVTE_TP_OVERLAP", "").strip().lower() or "graphs"
     if value not in TP_OVERLAP_MODES:
         raise ValueError(f"environment variable NVTE_TP_OVERLAP={value!r}: expected one of "
