@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
-from .module_parts import weight_cast_beside
+from .module_parts import side_stream, weight_cast_beside
 from .module_parts.input_check import call_checked
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 from .module_parts.nv_options import check_off
@@ -286,9 +286,11 @@ class TransformerLayer(torch.nn.Module):
         forwards to take (module_parts/weight_cast_beside.py); None where it cannot apply."""
         proj = getattr(self.self_attention, "proj", None)
         mlp = self.layernorm_mlp
-        if (proj is None or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
-                or not hidden_states.is_cuda or not proj.sequence_parallel or proj.tp_size < 2
-                or proj.parallel_mode != "row"):
+        # side_stream.usable first: eager calls under the default schedule (host-bound) stop
+        # here, before building the items cast_beside would then drop one by one
+        if (not side_stream.usable(hidden_states) or proj is None
+                or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
+                or not proj.sequence_parallel or proj.tp_size < 2 or proj.parallel_mode != "row"):
             return None
         items = ((proj, proj._parameters.get("weight"), 1),
                  (mlp, mlp._parameters.get("fc1_weight"), 1),

@@ -56,9 +56,9 @@ def side(device: torch.device, role: str = "forward") -> torch.cuda.Stream:
 def usable(t: torch.Tensor) -> bool:
     """Whether side-stream work applies to a call on t now: a CUDA tensor outside torch.compile,
     while a CUDA graph is captured or under NVTE_TP_OVERLAP=1. Eager calls under the default
-    (NVTE_TP_OVERLAP=graphs) keep the in-line order, as they keep NCCL for the row blocks: a
-    split step is host-bound there, and the side stream's events and stream switches are host
-    time paid on every call, where a graph pays them once."""
+    (NVTE_TP_OVERLAP=graphs) keep the in-line order, as they run each GEMM whole: a split step
+    is host-bound there, and the side stream's events and stream switches are host time paid
+    on every call, where a graph pays them once."""
     if not (enabled and t.is_cuda) or torch.compiler.is_compiling():
         return False
     return torch.cuda.is_current_stream_capturing() or config.tp_overlap() == "1"
