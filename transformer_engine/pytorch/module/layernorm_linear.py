@@ -90,14 +90,23 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
-            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            blocks = isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in)
+            # a weight cast made on a side stream (TransformerLayer) is waited for by the blocks
+            # below, so that the gather's start runs beside it too
+            ready = [] if blocks else None
+            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch,
+                                          ready=ready)
             # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
             # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
-            if isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in):
+            if blocks:
                 # the gather hides under this rank's block (gather_gemm.py)
                 y = x2d.new_empty((tokens, out_features))
-                gemm_in, gemm_in_t = gemm_over_gather(gemm_in, (y,), lambda rows, o: _gemms.fprop_fp8(
-                    wq, w_sinv, rows, ln_sinv, dtype, bias, out=o[0]))
+
+                def block(rows, o):
+                    for event in ready:  # each block's stream
+                        torch.cuda.current_stream().wait_event(event)
+                    _gemms.fprop_fp8(wq, w_sinv, rows, ln_sinv, dtype, bias, out=o[0])
+                gemm_in, gemm_in_t = gemm_over_gather(gemm_in, (y,), block)
             else:
                 gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
                 y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out
@@ -153,26 +162,36 @@ class _LayerNormLinearFn(torch.autograd.Function):
             pending = ctx.tp.start_reduce_grad(dln) if ctx.need_dgrad else None
         elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
+            # the weight gradient runs under the end of dgrad's reduction (dgrad_and_reduce)
+            wgrad = (lambda: _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
+                ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
+            ) if ctx.need_wgrad else None
             if ctx.need_dgrad:
-                pending = ctx.tp.dgrad_and_reduce(dyq, in_features, ctx.dtype, lambda rows, o: (
-                    _gemms.dgrad_fp8(w_saved, w_sinv, rows, dy_sinv, ctx.dtype, out=o)), 16)
-            if ctx.need_wgrad:
-                dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
-                    ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
+                pending, dw = ctx.tp.dgrad_and_reduce(dyq, in_features, ctx.dtype, lambda rows, o: (
+                    _gemms.dgrad_fp8(w_saved, w_sinv, rows, dy_sinv, ctx.dtype, out=o)), 16, wgrad)
+            elif wgrad is not None:
+                dw = wgrad()
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
+
+            def wgrads():  # (dw, db or None), under the end of dgrad's reduction as above
+                if ctx.need_wgrad and db_dtype is not None and not module.delay_wgrad_compute:
+                    dw_, db_ = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,
+                                                     in_features, db_dtype)
+                    return _wgrad.autograd_weight_grad(ctx.weight, dw_, fuse), db_
+                if ctx.need_wgrad:
+                    return _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
+                        ln_saved, dy, ctx.weight, fuse, out_features, in_features)), None
+                return None, None
+
+            def dgrad(rows, o):
+                _gemms.dgrad_hp(w_saved, rows, out=o)
             if ctx.need_dgrad:
-                pending = ctx.tp.dgrad_and_reduce(dy, in_features, ctx.dtype, lambda rows, o: (
-                    _gemms.dgrad_hp(w_saved, rows, out=o)))
-            delay = module.delay_wgrad_compute
-            if ctx.need_wgrad and db_dtype is not None and not delay:
-                dw, db = _gemms.wgrad_bgrad_hp(ln_saved, dy, ctx.weight, fuse, out_features,
-                                               in_features, db_dtype)
-                dw = _wgrad.autograd_weight_grad(ctx.weight, dw, fuse)
-            elif ctx.need_wgrad:
-                dw = _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_hp(
-                    ln_saved, dy, ctx.weight, fuse, out_features, in_features))
+                pending, (dw, db) = ctx.tp.dgrad_and_reduce(dy, in_features, ctx.dtype, dgrad, 1,
+                                                            wgrads)
+            else:
+                dw, db = wgrads()
             if db_dtype is not None and db is None:
                 db = bias_grad_of(dy, db_dtype)
         if fi.step is not None:

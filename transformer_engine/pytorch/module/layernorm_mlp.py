@@ -307,15 +307,20 @@ class _LayerNormMLPFn(torch.autograd.Function):
                     da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["fc1"]:
                 dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
+
+            def wgrads_fp8():  # (dw2, dw1), under the end of FC1 dgrad's reduction
+                return ((_wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
+                            a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
+                         if need["w2"] else None),
+                        (_wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_fp8(
+                            ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse))
+                         if need["w1"] else None))
             if need["dgrad"]:
-                pending = ctx.tp.dgrad_and_reduce(dhq, w1_shape[1], dtype, lambda rows, o: (
-                    _gemms.dgrad_fp8(w1_t, w1_sinv, rows, dh_sinv, dtype, out=o)), 16)
-            if need["w2"]:
-                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
-                    a_t, a_sinv, dyq_t, dy_sinv, dtype, ctx.weights[1], fuse))
-            if need["w1"]:
-                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_fp8(
-                    ln_t, ln_sinv, dhq_t, dh_sinv, dtype, ctx.weights[0], fuse))
+                pending, (dw2, dw1) = ctx.tp.dgrad_and_reduce(
+                    dhq, w1_shape[1], dtype, lambda rows, o: _gemms.dgrad_fp8(
+                        w1_t, w1_sinv, rows, dh_sinv, dtype, out=o), 16, wgrads_fp8)
+            else:
+                dw2, dw1 = wgrads_fp8()
         else:
             if fi.calibrating:
                 record_amax(fi.rs, dy, False, 0)
@@ -326,20 +331,28 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dh, db1 = _dact(module, da, h, ctx.b1_grad, dtype)
             if fi.calibrating and dh is not None:
                 record_amax(fi.rs, dh, False, 1)
+
+            def wgrads_hp():  # (dw2, db2 or None, dw1), under the end of FC1 dgrad's reduction
+                dw2_ = db2_ = dw1_ = None
+                if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
+                    dw2_, db2_ = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape,
+                                                       db2_dtype)
+                    dw2_ = _wgrad.autograd_weight_grad(ctx.weights[1], dw2_, fuse)
+                elif need["w2"]:
+                    dw2_ = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
+                        a_t, dy, ctx.weights[1], fuse, *w2_shape))
+                if need["w1"]:
+                    dw1_ = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_hp(
+                        ln_t, dh, ctx.weights[0], fuse, *w1_shape))
+                return dw2_, db2_, dw1_
             if need["dgrad"]:
-                pending = ctx.tp.dgrad_and_reduce(dh, w1_shape[1], dtype, lambda rows, o: (
-                    _gemms.dgrad_hp(w1_t, rows, out=o)))
-            if need["w2"] and db2_dtype is not None and not module.delay_wgrad_compute:
-                dw2, db2 = _gemms.wgrad_bgrad_hp(a_t, dy, ctx.weights[1], fuse, *w2_shape, db2_dtype)
-                dw2 = _wgrad.autograd_weight_grad(ctx.weights[1], dw2, fuse)
-            elif need["w2"]:
-                dw2 = _wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_hp(
-                    a_t, dy, ctx.weights[1], fuse, *w2_shape))
+                pending, (dw2, db2, dw1) = ctx.tp.dgrad_and_reduce(
+                    dh, w1_shape[1], dtype, lambda rows, o: _gemms.dgrad_hp(w1_t, rows, out=o), 1,
+                    wgrads_hp)
+            else:
+                dw2, db2, dw1 = wgrads_hp()
             if db2_dtype is not None and db2 is None:
                 db2 = bias_grad_of(dy, db2_dtype)
-            if need["w1"]:
-                dw1 = _wgrad.weight_grad(module, ctx.weights[0], fuse, lambda: _gemms.wgrad_hp(
-                    ln_t, dh, ctx.weights[0], fuse, *w1_shape))
         if fi.step is not None:
             fi.step.backward_finished()
         if db2_rows is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import distributed as dist_te
-from ..collectives import start_all_reduce, start_reduce_scatter_first_dim
+from ..collectives import get_distributed_rank, start_all_reduce, start_reduce_scatter_first_dim
 from . import copy_engine_tp
 
 
@@ -114,25 +114,39 @@ class NormTP:
             return PendingGrad(*start_reduce_scatter_first_dim(dln, self.group))
         return PendingGrad(*start_all_reduce(dln.contiguous(), self.group))
 
-    def dgrad_and_reduce(self, dy, cols: int, dtype, dgrad, block_multiple: int = 1):
-        """The norm output's gradient, reduced over the group (a PendingGrad): dgrad(rows, out)
-        writes into out [rows, cols] the gradient of those rows of dy. With sequence parallelism
-        and the copy engines (copy_engine_tp), it is made in one block of rows per rank, each
-        peer's block first, and the copy engines move each block to its owner while the next is
-        made, so the reduce-scatter hides under the GEMM without taking its SMs; blocks need
-        rows that are a multiple of block_multiple (FP8 GEMMs: 16). Otherwise it is made whole
-        and its reduction started, to run under the caller's weight-gradient GEMMs."""
+    def dgrad_and_reduce(self, dy, cols: int, dtype, dgrad, block_multiple: int = 1,
+                         weight_grads=None):
+        """(the norm output's gradient reduced over the group as a PendingGrad, what
+        weight_grads() returned or None): dgrad(rows, out) writes into out [rows, cols] the
+        gradient of those rows of dy. With sequence parallelism and the copy engines
+        (copy_engine_tp), it is made in one block of rows per rank, each peer's block first, and
+        the copy engines move each block to its owner while the next is made, so the
+        reduce-scatter hides under the GEMM without taking its SMs; blocks need rows that are a
+        multiple of block_multiple (FP8 GEMMs: 16). Otherwise it is made whole and its reduction
+        started. weight_grads (the caller's weight-gradient GEMMs, which do not read this
+        gradient) runs where it hides the most of the reduction: right after this rank's block,
+        under the last copy and the pipeline's closing barriers, or after the reduction is
+        started."""
         rows = dy.shape[0] // self.size if self.gather else 0
         if rows > 0 and rows % block_multiple == 0:
             nbytes = self.size * rows * cols * torch.finfo(dtype).bits // 8
             name = copy_engine_tp.chosen(dy, self, nbytes)
             if name is not None:
-                return PendingGrad(copy_engine_tp.produce_and_reduce_scatter(
-                    rows, cols, self.size, dtype, dy.device, name,
-                    lambda r, out: dgrad(dy[r * rows:(r + 1) * rows], out)), None)
+                rank, made = get_distributed_rank(self.group), []
+
+                def block(r, out):
+                    dgrad(dy[r * rows:(r + 1) * rows], out)
+                    if r == rank and weight_grads is not None:  # this rank's block comes last
+                        made.append(weight_grads())
+                reduced = copy_engine_tp.produce_and_reduce_scatter(
+                    rows, cols, self.size, dtype, dy.device, name, block)
+                if weight_grads is not None and not made:  # pragma: no cover - pipeline order
+                    made.append(weight_grads())
+                return PendingGrad(reduced, None), (made[0] if made else None)
         full = torch.empty((dy.shape[0], cols), dtype=dtype, device=dy.device)
         dgrad(dy, full)
-        return self.start_reduce_grad(full)
+        pending = self.start_reduce_grad(full)
+        return pending, (weight_grads() if weight_grads is not None else None)
 
 
 class PendingGrad:

@@ -71,11 +71,12 @@ def cast_beside(items) -> None:
             entry.weight, entry.version, entry.rs = weight, weight._version, module._fp8_state
             # the scales change only between autocast steps: a cast of another step is stale
             entry.step = FP8GlobalState.step
+            # an event per cast: the first reader (the projection) waits for its own cast
+            # only, while the later ones (FC1's, FC2's) run on beside its GEMM and exchange
+            entry.event = torch.cuda.Event()
+            entry.event.record(side)
             made.append((module, slot, entry))
-    event = torch.cuda.Event()
-    event.record(side)
     for module, slot, entry in made:
-        entry.event = event
         if not capturing:
             # made on the side stream, read and freed on the main one: the allocator must not
             # hand their memory to later side-stream work before the main stream is done
@@ -83,12 +84,14 @@ def cast_beside(items) -> None:
                 if t is not None:
                     t.record_stream(main)
         module.__dict__.setdefault("_fp8_weights_beside", {})[slot] = entry
-    side_stream.pending(device, event)
+    side_stream.pending(device, made[-1][2].event)
 
 
-def take(module, weight, fi, slot: int, need_transpose: bool):
+def take(module, weight, fi, slot: int, need_transpose: bool, ready: list | None = None):
     """(data, data_t, scale_inv) of the cast made beside for this call, or None (none made, or it
-    no longer fits: the caller casts). Any cast made beside for the slot is dropped."""
+    no longer fits: the caller casts). Any cast made beside for the slot is dropped. The current
+    stream waits for the cast here, or, with `ready`, the cast's event is appended to it for the
+    caller to wait on right before its GEMM (the work in between then runs beside the cast)."""
     ahead = module.__dict__.get("_fp8_weights_beside") if module is not None else None
     entry = ahead.pop(slot, None) if ahead else None
     if (entry is None or entry.weight is not weight or entry.version != weight._version
@@ -97,9 +100,14 @@ def take(module, weight, fi, slot: int, need_transpose: bool):
         return None
     global taken, transposed_late
     taken += 1
-    torch.cuda.current_stream(weight.device).wait_event(entry.event)
     data_t = entry.data_t
     if need_transpose and data_t is None:
         transposed_late += 1
+        ready = None  # the transpose below reads the cast now
+    if ready is None:
+        torch.cuda.current_stream(weight.device).wait_event(entry.event)
+    else:
+        ready.append(entry.event)
+    if need_transpose and data_t is None:
         data_t = transposed(entry.data)
     return entry.data, data_t, entry.scale_inv
