@@ -4,8 +4,7 @@ parameter gradients, every FP8 state, three steps), eagerly (NVTE_TP_OVERLAP=1, 
 them in eager calls) and replayed from CUDA graphs, and each piece is taken: the backward's
 delayed-scaling update and the forward's (transformer_engine/pytorch/update_stream.py), the
 transposes of the forward's gathered FP8 rows (module_parts/side_stream.py) and the weight casts
-made on a side stream (module_parts/weight_cast_beside.py: the QKV weight's beside the input norm
-and gather, the others' beside the core attention), each with its transpose.
+made beside the core attention (module_parts/weight_cast_beside.py), each with its transpose.
 Needs two GPUs."""
 import functools
 import gc
@@ -99,11 +98,11 @@ def _body(graphed, rank, world, group):
     finally:
         _switch(True)
     errors = []
-    # eager: every step's updates, both gathers' transposes (QKV, FC1) of every step, the four
-    # weight casts (QKV, projection, FC1, FC2) of every step after the first (which makes the
-    # modules' FP8 states); graphed: the capture's at least
+    # eager: every step's updates, both gathers' transposes (QKV, FC1) of every step, the three
+    # weight casts of every step after the first (which makes the modules' FP8 states);
+    # graphed: the capture's at least
     least = ({"beside_backward": 3, "after_event": 3, "side_transpose": 6,
-              "weight_casts_taken": 8} if not graphed else dict.fromkeys(taken, 1))
+              "weight_casts_taken": 6} if not graphed else dict.fromkeys(taken, 1))
     least.pop("weight_casts_transposed_late", None)
     errors += [f"{k} taken {taken[k]} times" for k in least if taken[k] < least[k]]
     if taken["weight_casts_transposed_late"]:  # each cast beside comes with its transpose

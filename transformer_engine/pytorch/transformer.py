@@ -23,7 +23,7 @@ from .attention.multi_head_attention import MultiheadAttention
 from .attention.dot_product_attention import set_context_parallel_group_of
 from .module_parts import side_stream, weight_cast_beside
 from .module_parts.input_check import call_checked
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, RMSNorm
+from .module import LayerNorm, LayerNormMLP, RMSNorm
 from .module_parts.nv_options import check_off
 
 _OP = "TransformerLayer"
@@ -281,13 +281,10 @@ class TransformerLayer(torch.nn.Module):
         return residual + x
 
     def _weight_casts_beside(self, hidden_states, is_first_microbatch):
-        """Under FP8 with sequence parallelism, weight casts on a side stream for the modules'
-        forwards to take (module_parts/weight_cast_beside.py): the fused QKV weight's now, beside
-        the input norm and the start of its gather (its GEMM blocks wait for it); and the
-        returned call (None where it cannot apply), run right before the core attention, casts
-        the attention projection's and the MLP's weights beside it."""
-        attention = self.self_attention
-        proj = getattr(attention, "proj", None)
+        """Under FP8 with sequence parallelism: the call that casts the attention projection's
+        and the MLP's weights on a side stream right before the core attention, for their
+        forwards to take (module_parts/weight_cast_beside.py); None where it cannot apply."""
+        proj = getattr(self.self_attention, "proj", None)
         mlp = self.layernorm_mlp
         # side_stream.usable first: eager calls under the default schedule (host-bound) stop
         # here, before building the items cast_beside would then drop one by one
@@ -295,13 +292,10 @@ class TransformerLayer(torch.nn.Module):
                 or not isinstance(mlp, LayerNormMLP) or is_first_microbatch is not None
                 or not proj.sequence_parallel or proj.tp_size < 2 or proj.parallel_mode != "row"):
             return None
-        qkv = getattr(attention, "layernorm_qkv", None)
-        if isinstance(qkv, LayerNormLinear) and qkv.sequence_parallel:
-            # cast_beside keeps the items that apply (none: nothing is launched)
-            weight_cast_beside.cast_beside(((qkv, qkv._parameters.get("weight"), 1),))
         items = ((proj, proj._parameters.get("weight"), 1),
                  (mlp, mlp._parameters.get("fc1_weight"), 1),
                  (mlp, mlp._parameters.get("fc2_weight"), 3))
+        # cast_beside keeps the items that apply (none: nothing is launched)
         return lambda: weight_cast_beside.cast_beside(items)
 
     def _residual_in_gemms(self) -> bool:

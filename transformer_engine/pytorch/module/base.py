@@ -348,18 +348,17 @@ def get_workspace() -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8)
 
 
-def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None,
-               ready: list | None = None):
+def fp8_weight(module, weight, fi, slot: int, need_transpose: bool, is_first_microbatch, nc=None):
     """(data, data_t, scale_inv) of a weight in FP8: the Float8Tensor's own data, the cast made
-    on a side stream for this forward (module_parts/weight_cast_beside.py; with `ready`, the
-    caller waits for it on the event appended there), the per-step cache
-    (is_first_microbatch=False reuses what the first microbatch cast), or a fresh cast."""
+    beside the core attention for this forward (module_parts/weight_cast_beside.py), the
+    per-step cache (is_first_microbatch=False reuses what the first microbatch cast), or a
+    fresh cast."""
     if isinstance(weight, Float8Tensor):
         if fi.rs.delayed:
             delayed_weight.follow_module_state(weight, fi.rs, slot)
         return weight._data, (weight.transpose_fp8() if need_transpose else None), weight._scale_inv
     if is_first_microbatch is None and module is not None:
-        made = weight_cast_beside.take(module, weight, fi, slot, need_transpose, ready)
+        made = weight_cast_beside.take(module, weight, fi, slot, need_transpose)
         if made is not None:
             return made
     cache = module._fp8_weight_cache if module is not None else None

@@ -90,23 +90,14 @@ class _LayerNormLinearFn(torch.autograd.Function):
         ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
-            blocks = isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in)
-            # a weight cast made on a side stream (TransformerLayer) is waited for by the blocks
-            # below, so that the gather's start runs beside it too
-            ready = [] if blocks else None
-            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch,
-                                          ready=ready)
+            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
             # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
             # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
-            if blocks:
+            if isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in):
                 # the gather hides under this rank's block (gather_gemm.py)
                 y = x2d.new_empty((tokens, out_features))
-
-                def block(rows, o):
-                    for event in ready:  # each block's stream
-                        torch.cuda.current_stream().wait_event(event)
-                    _gemms.fprop_fp8(wq, w_sinv, rows, ln_sinv, dtype, bias, out=o[0])
-                gemm_in, gemm_in_t = gemm_over_gather(gemm_in, (y,), block)
+                gemm_in, gemm_in_t = gemm_over_gather(gemm_in, (y,), lambda rows, o: _gemms.fprop_fp8(
+                    wq, w_sinv, rows, ln_sinv, dtype, bias, out=o[0]))
             else:
                 gemm_in, gemm_in_t = arrived(gemm_in, gemm_in_t)
                 y = _gemms.fprop_fp8(wq, w_sinv, gemm_in, ln_sinv, dtype, bias).out

@@ -5,8 +5,9 @@ Under sequence parallelism a TransformerLayer's FP8 forward runs the attention p
 the MLP's weight casts (memory-bound, about 85 us per step for the GPT block at TP=2 on an
 H200) in line, between GEMMs and collectives that wait for them. A weight's cast depends only on
 the weight and its forward scale, both fixed for the whole forward, so TransformerLayer makes
-them beside the core attention (compute-bound, its blocks leave room for another kernel's)
-and each module's forward takes its cast (`take`, through base.fp8_weight) when it still is the
+them beside the core attention (compute-bound, its blocks leave room for another kernel's),
+each with an event of its own, so that the projection, which comes first, waits for its own cast
+only. Each module's forward takes its cast (`take`, through base.fp8_weight) when it still is the
 one that forward would make: the same weight tensor at the same version, the same recipe state
 and autocast step (scales change only between steps), a plain call (no checkpoint record or
 replay, no microbatch cache). Otherwise it is dropped and the forward casts as usual. Only
@@ -87,11 +88,9 @@ def cast_beside(items) -> None:
     side_stream.pending(device, made[-1][2].event)
 
 
-def take(module, weight, fi, slot: int, need_transpose: bool, ready: list | None = None):
+def take(module, weight, fi, slot: int, need_transpose: bool):
     """(data, data_t, scale_inv) of the cast made beside for this call, or None (none made, or it
-    no longer fits: the caller casts). Any cast made beside for the slot is dropped. The current
-    stream waits for the cast here, or, with `ready`, the cast's event is appended to it for the
-    caller to wait on right before its GEMM (the work in between then runs beside the cast)."""
+    no longer fits: the caller casts). Any cast made beside for the slot is dropped."""
     ahead = module.__dict__.get("_fp8_weights_beside") if module is not None else None
     entry = ahead.pop(slot, None) if ahead else None
     if (entry is None or entry.weight is not weight or entry.version != weight._version
@@ -100,14 +99,9 @@ def take(module, weight, fi, slot: int, need_transpose: bool, ready: list | None
         return None
     global taken, transposed_late
     taken += 1
+    torch.cuda.current_stream(weight.device).wait_event(entry.event)
     data_t = entry.data_t
     if need_transpose and data_t is None:
         transposed_late += 1
-        ready = None  # the transpose below reads the cast now
-    if ready is None:
-        torch.cuda.current_stream(weight.device).wait_event(entry.event)
-    else:
-        ready.append(entry.event)
-    if need_transpose and data_t is None:
         data_t = transposed(entry.data)
     return entry.data, data_t, entry.scale_inv
