@@ -34,7 +34,6 @@ def test_side_stream_never_for_cpu_tensors():
         assert side_stream.transpose_beside(torch.zeros(2, 2, dtype=torch.uint8)) is None
 
 
-
 @pytest.mark.parametrize("mode", ["graphs", "1", "nccl", "0", ""])
 @pytest.mark.parametrize("capturing", [False, True])
 def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
@@ -46,4 +45,3 @@ def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
             mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=capturing):
         expected = {"graphs": capturing, "": capturing, "1": True, "nccl": True, "0": False}[mode]
         assert gather_gemm._overlap() == expected
-

@@ -85,6 +85,7 @@ def cast_beside(items) -> None:
                 if t is not None:
                     t.record_stream(main)
         module.__dict__.setdefault("_fp8_weights_beside", {})[slot] = entry
+    # the side stream runs in order: the last cast's event covers every cast made here
     side_stream.pending(device, made[-1][2].event)
 
 
