@@ -137,6 +137,11 @@ def test_default_schedule_moves_rows_with_copy_engines(results):
         assert not any(res["graphs/copy_engine_transfers_eager"].values()), (rank, res)
         used = res["graphs/copy_engine_transfers"]
         assert used["gather"] > 0 and used["reduce_scatter"] > 0, f"rank {rank}: graphs {used}"
+        if WORLD == 2:  # every pipeline took the two-rank schedules
+            for schedule in ("1", "graphs"):
+                used = res[f"{schedule}/copy_engine_transfers"]
+                assert used["gather_pair"] == used["gather"], (rank, schedule, used)
+                assert used["reduce_scatter_pair"] == used["reduce_scatter"], (rank, schedule, used)
 
 
 def test_ranks_tear_down_cleanly(results):
