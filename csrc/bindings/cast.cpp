@@ -43,6 +43,12 @@ void register_cast(py::module_& m) {
     NVTETensor i = tensor_from_tuple(in), o = tensor_from_tuple(out), t = tensor_from_tuple(out_t);
     check_status(nvte_cast_transpose(&i, &o, &t, stream_from_int(stream)));
   });
+  m.def("cast_transpose_rows", [](const py::tuple& in, const py::tuple& out,
+                                  const py::tuple& out_t, int64_t row_begin, int64_t row_end,
+                                  uintptr_t stream) {
+    NVTETensor i = tensor_from_tuple(in), o = tensor_from_tuple(out), t = tensor_from_tuple(out_t);
+    check_status(nvte_cast_transpose_rows(&i, &o, &t, row_begin, row_end, stream_from_int(stream)));
+  });
 
   // Fused cast+transpose ops. The dbias forms take their fp32 workspace from the caller: the
   // *_workspace functions run the C API's size query and return its shape, () if none is needed.

@@ -61,6 +61,44 @@ def test_cast_transpose_bit_exact(device, fp8_dtype, dtype, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,band", [((1024, 384), 256), ((1000, 272), 384), ((384, 4096), 128),
+                                        ((200, 48), 64)])
+def test_cast_transpose_in_bands_of_rows_gives_the_whole_casts_bits(device, shape, band):
+    """nvte_cast_transpose_rows band by band (the last band shorter where the rows do not divide;
+    unaligned shapes take the element-wise path) writes the bytes, scale_inv and amax of one
+    nvte_cast_transpose of the whole tensor."""
+    from transformer_engine.pytorch import native
+    from transformer_engine.pytorch.native import describe
+    if not native.use_native(torch.empty(1, device=device)):
+        pytest.skip(f"the native library does not serve {device} tensors here (reference backend)")
+    mod, stream = native.native_for_torch(), native.stream_handle(torch.device(device).index)
+    fp8 = device_fp8_dtype(torch.float8_e4m3fn, device)
+    x = randn(shape, torch.bfloat16, device, seed=11, scale=2.0)
+    scale = scale_for(x, fp8)
+    rows = shape[0]
+    made = []
+    for bands in (False, True):
+        amax, scale_inv = torch.zeros(1, device=device), torch.zeros(1, device=device)
+        data = torch.zeros(shape, dtype=fp8, device=device)
+        data_t = torch.zeros(shape[::-1], dtype=fp8, device=device)
+        out = describe(data, amax, scale, scale_inv)
+        if bands:
+            for begin in range(0, rows, band):
+                mod.cast_transpose_rows(describe(x), out, describe(data_t), begin,
+                                        min(begin + band, rows), stream)
+        else:
+            mod.cast_transpose(describe(x), out, describe(data_t), stream)
+        made.append([bits(t).cpu() for t in (data, data_t)] + [amax.cpu(), scale_inv.cpu()])
+    whole, banded = made
+    for a, b in zip(whole, banded):
+        assert torch.equal(a, b)
+    assert float(whole[2]) == x.float().abs().max().item()
+    # a band outside the rows is refused with a Python exception, before any launch
+    with pytest.raises(ValueError, match="nvte_cast_transpose_rows: rows"):
+        mod.cast_transpose_rows(describe(x), out, describe(data_t), rows - 16, rows + 16, stream)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_saturation_and_special_values(device, fp8_dtype):
     limit = fp8_max_of(fp8_dtype)

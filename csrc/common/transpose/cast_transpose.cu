@@ -247,6 +247,26 @@ extern "C" NVTEStatus nvte_cast_transpose(const NVTETensor* input, NVTETensor* o
   });
 }
 
+extern "C" NVTEStatus nvte_cast_transpose_rows(const NVTETensor* input, NVTETensor* output,
+                                               NVTETensor* output_t, int64_t row_begin,
+                                               int64_t row_end, NVTEStream stream) {
+  return guard("nvte_cast_transpose_rows", [&] {
+    int64_t rows, cols;
+    check_cast_transpose_args(input, output, output_t, &rows, &cols);
+    TE_CHECK_ARG(row_begin >= 0 && row_begin < row_end && row_end <= rows, "rows [", row_begin,
+                 ", ", row_end, ") are not a non-empty range of the input's ", rows, " rows");
+    const int64_t band = row_end - row_begin;
+    TE_SWITCH_HP(input->dtype, InT, "input",
+      TE_SWITCH_FP8(output->dtype, OutT, "output",
+        launch_tiles<CopyProducer<InT>, OutT, true, false>(
+            CopyProducer<InT>{static_cast<const InT*>(input->data) + row_begin * cols, cols},
+            static_cast<OutT*>(output->data) + row_begin * cols,
+            static_cast<OutT*>(output_t->data) + row_begin, band, cols, output->scale,
+            output->amax, output->scale_inv, nullptr, to_stream(stream), nullptr, kNVTEFloat32,
+            rows)));
+  });
+}
+
 extern "C" NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* const* inputs,
                                                 NVTETensor* const* outputs,
                                                 NVTETensor* const* outputs_t, NVTEStream stream) {

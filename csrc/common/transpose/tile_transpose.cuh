@@ -135,13 +135,15 @@ __device__ __forceinline__ void store_final_sum(void* dbias, int dtype, int64_t 
 // partial[row_tile, col] (skipped when partial is null), or straight into dbias (dtype
 // dbias_dtype) when dbias is not null (an input of one row of tiles: the sums are final).
 // One block's work: tile number `tile` of the result (row-major over the tiles). The kernels
-// below call it with their block's tile (one tensor) or a tile of one of several tensors.
+// below call it with their block's tile (one tensor) or a tile of one of several tensors. ld_t:
+// the distance between rows of out_t (rows, or more when the result is a band of rows of a
+// larger tensor whose transpose out_t points into).
 template <class Producer, typename OutT, bool kCast, bool kAligned, bool kSums>
 __device__ __forceinline__ void transpose_tile(
     const Producer& prod, OutT* __restrict__ out, OutT* __restrict__ out_t, int64_t rows,
     int64_t cols, const float* __restrict__ scale_ptr, float* __restrict__ amax_ptr,
     float* __restrict__ scale_inv_ptr, float* __restrict__ partial, void* __restrict__ dbias,
-    int dbias_dtype, int64_t tile) {
+    int dbias_dtype, int64_t tile, int64_t ld_t) {
   using T = Tile<OutT>;
   using InT = typename Producer::InT;
   constexpr int kSeg = T::kSeg;
@@ -246,7 +248,7 @@ __device__ __forceinline__ void transpose_tile(
 #pragma unroll
     for (int k = 0; k < kSeg; ++k) y.v[k] = smem[g * kSeg + k][chunk * kSeg + c % kSeg];
     const int64_t gc = col0 + c, gr = row0 + g * kSeg;
-    OutT* dst = out_t + gc * rows + gr;
+    OutT* dst = out_t + gc * ld_t + gr;
     if (kAligned) {
       if (gc < cols && gr < rows) y.store(dst);
     } else {
@@ -283,10 +285,11 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<Producer, kSums>(
 tile_transpose_kernel(const Producer prod, OutT* __restrict__ out, OutT* __restrict__ out_t,
                       int64_t rows, int64_t cols, const float* __restrict__ scale_ptr,
                       float* __restrict__ amax_ptr, float* __restrict__ scale_inv_ptr,
-                      float* __restrict__ partial, void* __restrict__ dbias, int dbias_dtype) {
+                      float* __restrict__ partial, void* __restrict__ dbias, int dbias_dtype,
+                      int64_t ld_t) {
   transpose_tile<Producer, OutT, kCast, kAligned, kSums>(prod, out, out_t, rows, cols, scale_ptr,
                                                          amax_ptr, scale_inv_ptr, partial, dbias,
-                                                         dbias_dtype, blockIdx.x);
+                                                         dbias_dtype, blockIdx.x, ld_t);
 }
 
 // ----- several tensors in one launch -----------------------------------------------------------
@@ -407,36 +410,42 @@ multi_cast_transpose_kernel(const MultiCastTable<InT, OutT> t, const GridScaling
   }
   transpose_tile<CopyProducer<InT>, OutT, true, kAligned, false>(
       prod, t.out[i], t.out_t[i], t.rows[i], t.cols[i], scale, t.amax[i], t.scale_inv[i],
-      nullptr, nullptr, 0, tile);
+      nullptr, nullptr, 0, tile, t.rows[i]);
 }
 
 // Launches the kernel over the [rows, cols] result. `partial` (kSums only) is null or
 // [fp8_row_tiles(rows), cols] fp32. With `dbias` (kSums, one row of tiles only: see
-// dbias_sums_are_final) the column sums go to dbias directly instead.
+// dbias_sums_are_final) the column sums go to dbias directly instead. ld_t: as transpose_tile's
+// (rows when negative).
 template <class Producer, typename OutT, bool kCast, bool kSums>
 void launch_tiles(const Producer& prod, OutT* out, OutT* out_t, int64_t rows, int64_t cols,
                   const float* scale, float* amax, float* scale_inv, float* partial,
-                  cudaStream_t stream, void* dbias = nullptr, NVTEDType dbias_dtype = kNVTEFloat32) {
+                  cudaStream_t stream, void* dbias = nullptr, NVTEDType dbias_dtype = kNVTEFloat32,
+                  int64_t ld_t = -1) {
   using T = Tile<OutT>;
+  if (ld_t < 0) ld_t = rows;
   const int64_t tiles = ((rows + T::kDim - 1) / T::kDim) * ((cols + T::kDim - 1) / T::kDim);
   TE_CHECK_ARG(tiles < (int64_t(1) << 31), "tensor of ", rows, " x ", cols, " is too large");
   if (tiles == 0) {
     // An empty tensor still gets its scale_inv written; the one block touches no data.
     if (kCast)
       tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<1, kThreads, 0, stream>>>(
-          prod, out, out_t, 0, 0, scale, amax, scale_inv, nullptr, nullptr, 0);
+          prod, out, out_t, 0, 0, scale, amax, scale_inv, nullptr, nullptr, 0, 0);
     check_launch("tile_transpose_kernel");
     return;
   }
-  const bool aligned = rows % T::kSeg == 0 && cols % T::kSeg == 0 && prod.vector_ok(T::kSeg) &&
-                       aligned16(out_t) && (out == nullptr || aligned16(out));
+  const bool aligned = rows % T::kSeg == 0 && cols % T::kSeg == 0 && ld_t % T::kSeg == 0 &&
+                       prod.vector_ok(T::kSeg) && aligned16(out_t) &&
+                       (out == nullptr || aligned16(out));
   const unsigned grid = unsigned(tiles);
   if (aligned)
     tile_transpose_kernel<Producer, OutT, kCast, true, kSums><<<grid, kThreads, 0, stream>>>(
-        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype));
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype),
+        ld_t);
   else
     tile_transpose_kernel<Producer, OutT, kCast, false, kSums><<<grid, kThreads, 0, stream>>>(
-        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype));
+        prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, int(dbias_dtype),
+        ld_t);
   check_launch("tile_transpose_kernel");
 }
 
@@ -493,7 +502,8 @@ cast_transpose_dbias_fused_kernel(const CopyProducer<InT> prod, OutT* __restrict
     scale = &s_scale;
   }
   transpose_tile<CopyProducer<InT>, OutT, true, kAligned, true>(
-      prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, dbias_dtype, tile);
+      prod, out, out_t, rows, cols, scale, amax, scale_inv, partial, dbias, dbias_dtype, tile,
+      rows);
   if constexpr (kFusion == DbiasFusion::kStepUpdate) step_update_if_last(u, scratch);
 }
 

@@ -179,13 +179,21 @@ def fp8_outputs(x, rows, cols, dtype, transpose: bool):
     return out, out_t, torch.empty(1, dtype=torch.float32, device=device)
 
 
-def cast_unchecked(nc, rs, x, forward: bool, slot: int, need_transpose: bool):
-    """(data, data_t or None, scale_inv) of a 2-D tensor in the recipe's FP8 format."""
+def cast_unchecked(nc, rs, x, forward: bool, slot: int, need_transpose: bool,
+                   band_rows: int = 0):
+    """(data, data_t or None, scale_inv) of a 2-D tensor in the recipe's FP8 format. band_rows
+    (with a transpose): one launch per band of that many rows (same bytes; work on another
+    stream can get SMs between the bands)."""
     x_desc = describe(x)
     dtype, amax_ptr, scale_ptr = recipe_scaling_unchecked(nc, rs, x_desc, forward, slot)
     out, out_t, scale_inv = fp8_outputs(x, x.shape[0], x.shape[1], dtype, need_transpose)
     out_desc = describe(out, amax_ptr, scale_ptr, scale_inv.data_ptr())
-    if need_transpose:
+    if need_transpose and 0 < band_rows < x.shape[0]:
+        out_t_desc = describe(out_t)
+        for begin in range(0, x.shape[0], band_rows):
+            nc.mod.cast_transpose_rows(x_desc, out_desc, out_t_desc, begin,
+                                       min(begin + band_rows, x.shape[0]), nc.stream)
+    elif need_transpose:
         nc.mod.cast_transpose(x_desc, out_desc, describe(out_t), nc.stream)
     else:
         nc.mod.quantize(x_desc, out_desc, nc.stream)

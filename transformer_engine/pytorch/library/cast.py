@@ -48,19 +48,20 @@ def record_scale(saved: Optional[list], scale: torch.Tensor) -> None:
 
 
 def cast(rs, x, forward, slot, need_transpose, replay=None, record=None, nc=None,
-         amax_group=None):
+         amax_group=None, band_rows=0):
     """(data, data_t or None, scale_inv) of a 2-D tensor. nc: the caller's eager native call
     when it already took one for a plain call (a contiguous x, no replay or record).
     amax_group (current scaling): x is this rank's rows of a tensor split over that group, and
-    the scale is the whole tensor's (its amax all-reduced over the group first)."""
+    the scale is the whole tensor's (its amax all-reduced over the group first). band_rows: on
+    the direct path, a cast+transpose launched in bands of rows (kernels/cast.cast_unchecked)."""
     if nc is not None:
-        return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
+        return cast_unchecked(nc, rs, x, forward, slot, need_transpose, band_rows)
     # the direct call computes a current scale from x alone: a group's scale takes the checked ops
     if replay is None and record is None and x.dim() == 2 and x.is_contiguous() and (
             rs.delayed or (not rs.recipe.use_power_2_scales and amax_group is None)):
         nc = eager.native_call(x)
         if nc is not None:  # eager on the native core: the direct calls, same kernels and bits
-            return cast_unchecked(nc, rs, x, forward, slot, need_transpose)
+            return cast_unchecked(nc, rs, x, forward, slot, need_transpose, band_rows)
     scale, amax = cast_scale(rs, x, forward, slot, replay, amax_group)
     record_scale(record, scale)
     dtype = rs.fwd_dtype if forward else rs.bwd_dtype

@@ -72,6 +72,14 @@ NVTEStatus nvte_transpose(const NVTETensor* input, NVTETensor* output, NVTEStrea
 NVTEStatus nvte_cast_transpose(const NVTETensor* input, NVTETensor* output,
                                NVTETensor* output_t, NVTEStream stream);
 
+/* nvte_cast_transpose on rows [row_begin, row_end) of input (its 2-D view) only: those rows of
+ * output and those columns of output_t, with output's scale, amax and scale_inv as the whole
+ * cast's. Casting a tensor band by band gives the whole cast's bytes; each band is a smaller
+ * launch, which work on other streams can get in between. */
+NVTEStatus nvte_cast_transpose_rows(const NVTETensor* input, NVTETensor* output,
+                                    NVTETensor* output_t, int64_t row_begin, int64_t row_end,
+                                    NVTEStream stream);
+
 NVTEStatus nvte_cast_transpose_multi(int64_t n, const NVTETensor* const* inputs,
                                      NVTETensor* const* outputs, NVTETensor* const* outputs_t,
                                      NVTEStream stream);
