@@ -7,9 +7,10 @@ turns and little communication hides. Symmetric memory maps each peer's workspac
 process; a transfer is then a device-to-device copy, which the copy engines run without taking
 SMs, while the GEMM blocks run on two streams. This is the transport behind torch's own
 fused all-gather-matmul and matmul-reduce-scatter; here its pipelines take our GEMMs (high
-precision or FP8, bias and output blocks as the modules need), through the two pipeline
-functions torch exposes for that. Where they are missing, the group is not NCCL on CUDA, or a
-graph capture would need a larger workspace than the one already made, `usable` is False and
+precision or FP8, bias and output blocks as the modules need): on two ranks pipelines of our
+own on the same workspace, barriers and copies, with fewer barriers (below), on more ranks the
+two pipeline functions torch exposes. Where they are missing, the group is not NCCL on CUDA, or
+a graph capture would need a larger workspace than the one already made, `usable` is False and
 the caller keeps NCCL.
 
 Every rank reaches the same answer from the same facts (shapes, group, capture state and the
