@@ -1,6 +1,6 @@
 """Where NormTP.dgrad_and_reduce (module_parts/parallel.py) runs its caller's weight-gradient work:
 with the copy engines, right after this rank's dgrad block and inside the reduce-scatter pipeline,
-so that the GEMMs run under its last copy and closing barriers; otherwise after the reduction has
+so that the GEMMs run under its last copy and closing barrier; otherwise after the reduction has
 started. The pipeline here is a stand-in that calls the blocks in torch's order (the peers' first,
 this rank's last) and records when it closes; the GPU pipeline is run by tests/distributed."""
 import pytest

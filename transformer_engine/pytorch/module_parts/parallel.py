@@ -125,7 +125,7 @@ class NormTP:
         multiple of block_multiple (FP8 GEMMs: 16). Otherwise it is made whole and its reduction
         started. weight_grads (the caller's weight-gradient GEMMs, which do not read this
         gradient) runs where it hides the most of the reduction: right after this rank's block,
-        under the last copy and the pipeline's closing barriers, or after the reduction is
+        under the last copy and the pipeline's closing barrier, or after the reduction is
         started."""
         rows = dy.shape[0] // self.size if self.gather else 0
         if rows > 0 and rows % block_multiple == 0:
