@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 transfers = {"gather": 0, "reduce_scatter": 0, "gather_pair": 0, "reduce_scatter_pair": 0}
 
 _PIPELINES = ("_pipelined_all_gather_and_consume", "_pipelined_produce_and_all2all",
-              "get_symm_mem_workspace")
+              "get_symm_mem_workspace", "_get_backend_stream")
 
 
 def available() -> bool:
