@@ -1,4 +1,5 @@
 // C API tests of the cast, transpose and delayed-scaling families against CPU loops.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -12,7 +13,9 @@ using namespace te_test;
 
 namespace {
 
-void check_cast_transpose(int64_t rows, int64_t cols, bool e4m3, unsigned seed) {
+// band > 0: nvte_cast_transpose_rows band by band (the last one shorter where band does not
+// divide rows) instead of one nvte_cast_transpose.
+void check_cast_transpose(int64_t rows, int64_t cols, bool e4m3, unsigned seed, int64_t band = 0) {
   const size_t n = size_t(rows * cols);
   std::vector<float> x = random_floats(n, seed, 40.f);
   std::vector<__nv_bfloat16> xb(n);
@@ -28,7 +31,14 @@ void check_cast_transpose(int64_t rows, int64_t cols, bool e4m3, unsigned seed) 
   NVTETensor i = desc(in.ptr, {rows, cols}, kNVTEBFloat16);
   NVTETensor o = desc(out.ptr, {rows, cols}, t8, amax.ptr, scale.ptr, scale_inv.ptr);
   NVTETensor ot = desc(out_t.ptr, {cols, rows}, t8);
-  TE_EXPECT(nvte_cast_transpose(&i, &o, &ot, nullptr) == kNVTESuccess, "%s", nvte_last_error_message());
+  if (band > 0) {
+    for (int64_t b = 0; b < rows; b += band)
+      TE_EXPECT(nvte_cast_transpose_rows(&i, &o, &ot, b, std::min(b + band, rows), nullptr) ==
+                    kNVTESuccess, "%s", nvte_last_error_message());
+  } else {
+    TE_EXPECT(nvte_cast_transpose(&i, &o, &ot, nullptr) == kNVTESuccess, "%s",
+              nvte_last_error_message());
+  }
   TE_EXPECT(cuda_ok(), "sync");
   auto got = out.download(), got_t = out_t.download();
   float want_amax = 0.f;
@@ -55,6 +65,28 @@ TE_TEST(cast_transpose_matches_cpu) {
     check_cast_transpose(s[0], s[1], true, seed++);
     check_cast_transpose(s[0], s[1], false, seed++);
   }
+}
+
+// Row bands: every byte of the data and the transpose, the amax and scale_inv as one cast's.
+TE_TEST(cast_transpose_rows_in_bands_matches_cpu) {
+  const int64_t cases[][3] = {{1024, 384, 256}, {1000, 272, 384}, {384, 4096, 128}, {37, 23, 16},
+                              {300, 129, 128}};
+  unsigned seed = 101;
+  for (auto& c : cases) {
+    check_cast_transpose(c[0], c[1], true, seed++, c[2]);
+    check_cast_transpose(c[0], c[1], false, seed++, c[2]);
+  }
+  DeviceBuffer<__nv_bfloat16> in(size_t(64 * 32));
+  DeviceBuffer<uint8_t> out(size_t(64 * 32)), out_t(size_t(64 * 32));
+  DeviceBuffer<float> scale(std::vector<float>{1.f}), amax(std::vector<float>{0.f}),
+      scale_inv(std::vector<float>{0.f});
+  NVTETensor i = desc(in.ptr, {64, 32}, kNVTEBFloat16);
+  NVTETensor o = desc(out.ptr, {64, 32}, kNVTEFloat8E4M3, amax.ptr, scale.ptr, scale_inv.ptr);
+  NVTETensor ot = desc(out_t.ptr, {32, 64}, kNVTEFloat8E4M3);
+  const int64_t bad[][2] = {{-16, 16}, {16, 16}, {32, 16}, {48, 80}};
+  for (auto& r : bad)
+    TE_EXPECT(nvte_cast_transpose_rows(&i, &o, &ot, r[0], r[1], nullptr) == kNVTEInvalidArgument,
+              "rows [%lld, %lld) of 64 must be refused", (long long)r[0], (long long)r[1]);
 }
 
 TE_TEST(quantize_and_dequantize_match_cpu) {
