@@ -24,11 +24,12 @@ projection's input beside its GEMM blocks and of the backward's gathered FC2 out
 beside FC1's dgrad; the activation's transpose beside FC2 slowed FC2's blocks by more than it
 took off the critical path. The QKV cast measured no gain either with the QKV GEMM's blocks, not
 the gather's start, waiting for it (same run, three repeats each: 3.002 ms with, 3.002 without).
-What the side casts still cost, from a kernel timeline: the GPU hands out the thread blocks of a
+What the side casts cost, from a kernel timeline: the GPU hands out the thread blocks of a
 kernel already queued before those of one that becomes ready later, so FC1's and FC2's casts,
-which get SMs only as the core attention drains, hold back the attention output's cast and the
-projection's reduce-scatter behind them (idle gaps of 22 and 23 us on that path between the
-attention's end and the projection's first block).
+which get SMs only as the core attention drains, held back the attention output's cast and the
+projection's reduce-scatter behind them when each was one launch (idle gaps of 22 and 23 us on
+that path between the attention's end and the projection's first block); they now launch in
+bands of rows (weight_cast_beside.band_tiles), between which those kernels get the SMs.
 """
 from __future__ import annotations
 
