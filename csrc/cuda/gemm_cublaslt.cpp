@@ -10,8 +10,11 @@
 // against 0.45 ms for the first; torch._scaled_mm without fast accumulation was 4% faster than our
 // first choice there). So the first call of a large enough plan that runs outside stream capture
 // times the candidates on its own operands and keeps the fastest (tune_plan): a one-time host
-// synchronisation per plan, never on the hot path. Under capture nothing is timed (the heuristic's first choice
-// runs, and a later uncaptured call tunes the plan); nothing here allocates device memory.
+// synchronisation per problem, never on the hot path. The choice is the process's (plan_cache.h,
+// SharedChoices): another thread's plan of the same key, autograd's backward thread say, takes
+// it without timing, so the same product gives the same bits on every thread. Under capture
+// nothing is timed (the shared choice, else the heuristic's first, runs, and a later uncaptured
+// call tunes the plan); nothing here allocates device memory.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -359,6 +362,21 @@ void tune_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle) {
 // shares memory with D or aux.
 bool repeatable(const GemmArgs& g) { return g.beta == 0.f || g.c != nullptr; }
 
+// Gives an untuned plan its algorithm: the process's choice for its key when one was made (on
+// any thread), else this call's timing (outside capture, for repeatable calls), which becomes
+// the process's choice unless another thread's got there first.
+void settle_algorithm(Plan& p, const GemmArgs& g, int device, cublasLtHandle_t handle) {
+  SharedChoices<cublasLtMatmulAlgo_t>& shared = process_choices<cublasLtMatmulAlgo_t>();
+  const PlanKey key = plan_key(g, device);
+  if (shared.find(key, &p.algo)) {
+    p.tuned = true;
+    return;
+  }
+  if (!repeatable(g) || stream_capturing(reinterpret_cast<cudaStream_t>(g.stream))) return;
+  tune_plan(p, g, handle);
+  p.algo = shared.settle(key, p.algo);
+}
+
 }  // namespace
 
 const char* backend_name() { return "cuBLASLt"; }
@@ -386,8 +404,7 @@ void backend_run(const GemmArgs& g) {
   cublasLtHandle_t handle = device_state(device).handle;
   Plan& plan = plan_for(g, device, handle);
   set_data_pointers(plan, g);
-  if (!plan.tuned && repeatable(g) && !stream_capturing(reinterpret_cast<cudaStream_t>(g.stream)))
-    tune_plan(plan, g, handle);
+  if (!plan.tuned) settle_algorithm(plan, g, device, handle);
   check_cublas(launch_matmul(handle, plan, g, plan.algo), "cublasLtMatmul");
   if (!plan.fused) run_unfused_epilogue(g, 1.f);
 }

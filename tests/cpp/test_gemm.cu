@@ -1,7 +1,8 @@
 // C API tests of nvte_gemm against CPU loops: layouts, epilogues, accumulation, FP8 operands and
-// output, and the statuses of refused requests.
+// output, the statuses of refused requests, and the same bits from every thread.
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "test_common.h"
 #include "transformer_engine/gemm.h"
@@ -500,4 +501,37 @@ TE_TEST(gemm_with_c_refusals_return_status) {
                       false, ws.buf.ptr, ws.buf.n, nullptr) == kNVTEInvalidArgument, "k mismatch");
   TE_EXPECT(std::strncmp(nvte_last_error_message(), "nvte_gemm: ", 11) == 0, "%s",
             nvte_last_error_message());
+}
+
+// The same product on two threads, one after the other, gives the same bits. A problem this
+// large has its algorithm timed once (cuBLASLt, gemm_cublaslt.cpp): the second thread's plan takes
+// the first thread's choice instead of timing again, where noise could pick another algorithm
+// (autograd runs the backward, and recomputed forwards, on a thread of its own). The emulated
+// device runs a reference loop (no algorithms), on a small problem.
+TE_TEST(gemm_same_problem_same_bits_on_every_thread) {
+#if defined(TE_HIPCPU_EMULATION)
+  const int64_t m = 64, n = 48, k = 96;
+#else
+  const int64_t m = 2048, n = 2048, k = 4096;  // 3.4e10 flops: above the timing threshold
+#endif
+  Workspace ws;
+  DeviceBuffer<__nv_bfloat16> da(to_bf16(random_floats(size_t(m * k), 81))),
+      db(to_bf16(random_floats(size_t(n * k), 82))), d1(size_t(m * n)), d2(size_t(m * n));
+  auto product = [&](DeviceBuffer<__nv_bfloat16>& d, NVTEStatus* status, bool* synced) {
+    NVTETensor A = desc(da.ptr, {m, k}, kNVTEBFloat16);
+    NVTETensor B = desc(db.ptr, {n, k}, kNVTEBFloat16);
+    NVTETensor D = desc(d.ptr, {n, m}, kNVTEBFloat16);
+    *status = nvte_gemm(&A, true, &B, false, &D, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f,
+                        0.f, false, ws.buf.ptr, ws.buf.n, nullptr);
+    *synced = cuda_ok();
+  };
+  NVTEStatus st1 = kNVTEDeviceError, st2 = kNVTEDeviceError;
+  bool ok1 = false, ok2 = false;
+  std::thread([&] { product(d1, &st1, &ok1); }).join();
+  std::thread([&] { product(d2, &st2, &ok2); }).join();
+  TE_EXPECT(st1 == kNVTESuccess && st2 == kNVTESuccess && ok1 && ok2, "statuses %d / %d: %s",
+            int(st1), int(st2), nvte_last_error_message());
+  const auto h1 = d1.download(), h2 = d2.download();
+  TE_EXPECT(std::memcmp(h1.data(), h2.data(), h1.size() * sizeof(h1[0])) == 0,
+            "the second thread's product differs from the first's");
 }

@@ -1,8 +1,10 @@
 // The GEMM plan cache (csrc/common/gemm/plan_cache.h) is bounded: least recently used plans go
 // first, a lookup refreshes a plan, and plans that stay are never rebuilt. Each thread has its
-// own cache per plan type, and the Lt plan template owns its descriptors.
+// own cache per plan type, and the Lt plan template owns its descriptors. Choices made by timing
+// are the process's: the first one stored for a key wins, on every thread.
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "gemm/plan_cache.h"
 #include "test_harness.h"
@@ -124,4 +126,37 @@ TE_TEST(plan_cache_is_per_thread_and_per_plan_type) {
   TE_EXPECT(other_thread_size == 0, "another thread sees %zu plans of this thread's cache",
             other_thread_size);
   TE_EXPECT(fake.size() == before + 1, "size %zu after one insert", fake.size());
+}
+
+// A timed algorithm choice is stored once per key for the whole process: whichever thread settles
+// first, every thread then finds and uses that one, and a full table stores nothing more.
+TE_TEST(shared_choices_first_settled_wins_on_every_thread) {
+  te::gemm::SharedChoices<int> choices(3);
+  int got = -1;
+  TE_EXPECT(!choices.find(key_of(1), &got) && got == -1, "an empty table found a choice");
+  TE_EXPECT(choices.settle(key_of(1), 10) == 10, "the first choice is not the one returned");
+  TE_EXPECT(choices.settle(key_of(1), 20) == 10, "a later choice replaced the first");
+  TE_EXPECT(choices.find(key_of(1), &got) && got == 10, "found %d, want 10", got);
+
+  // Eight threads race to settle one key with their own values: all end with the same one, and
+  // it is one of theirs.
+  std::vector<int> used(8, -1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] { used[t] = choices.settle(key_of(2), 100 + t); });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t)
+    TE_EXPECT(used[t] == used[0], "thread %d uses %d, thread 0 uses %d", t, used[t], used[0]);
+  TE_EXPECT(used[0] >= 100 && used[0] < 108, "the shared choice %d is none of the threads'", used[0]);
+  int found_elsewhere = -1;
+  std::thread([&] { choices.find(key_of(2), &found_elsewhere); }).join();
+  TE_EXPECT(found_elsewhere == used[0], "another thread found %d, want %d", found_elsewhere, used[0]);
+
+  // Full (capacity 3): a new key's choice is returned to its caller but not stored.
+  TE_EXPECT(choices.settle(key_of(3), 30) == 30 && choices.size() == 3, "size %zu", choices.size());
+  TE_EXPECT(choices.settle(key_of(4), 40) == 40, "a full table changed the caller's choice");
+  TE_EXPECT(!choices.find(key_of(4), &got) && choices.size() == 3,
+            "a full table stored a fourth key (size %zu)", choices.size());
+  TE_EXPECT(&te::gemm::process_choices<int>() == &te::gemm::process_choices<int>(),
+            "the process table is not one table");
 }

@@ -18,6 +18,7 @@
 #include <array>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 
@@ -93,6 +94,58 @@ template <typename Plan>
 PlanCache<Plan>& thread_plan_cache() {
   thread_local PlanCache<Plan> cache;
   return cache;
+}
+
+// Choices made once for the whole process and shared by every thread's cache: the algorithm a
+// library's own timing picked for a plan key (cuBLASLt, gemm_cublaslt.cpp). Timing is noisy: two
+// threads timing the same problem under load can pick different algorithms, and the same product
+// would then give other bits on autograd's backward thread (a recomputed forward, say) than on
+// the thread that ran the forward, or after its plan was evicted and rebuilt. The first choice
+// stored for a key is the process's and later ones adopt it; a thread that finds it takes it
+// without timing anything. Past the capacity nothing more is stored (such a thread keeps its own
+// choice); a choice is a few hundred bytes.
+constexpr size_t kSharedChoiceCapacity = 4096;
+
+template <typename Value>
+class SharedChoices {
+ public:
+  explicit SharedChoices(size_t capacity = kSharedChoiceCapacity) : capacity_(capacity) {}
+
+  // Copies the choice stored for key into *out; false when there is none.
+  bool find(const PlanKey& key, Value* out) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = choices_.find(key);
+    if (it == choices_.end()) return false;
+    *out = it->second;
+    return true;
+  }
+
+  // Stores value for key unless a choice is there already (or the table is full); returns the
+  // choice the caller should use: the stored one, else value.
+  Value settle(const PlanKey& key, const Value& value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = choices_.find(key);
+    if (it != choices_.end()) return it->second;
+    if (choices_.size() < capacity_) choices_.emplace(key, value);
+    return value;
+  }
+
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return choices_.size();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  size_t capacity_;
+  std::unordered_map<PlanKey, Value, PlanKeyHash> choices_;
+};
+
+// The process's table of Value choices (one per value type, i.e. per library).
+template <typename Value>
+SharedChoices<Value>& process_choices() {
+  static SharedChoices<Value> choices;
+  return choices;
 }
 
 // The descriptors of one matmul planned with an Lt-style library (cuBLASLt, hipBLASLt): the
