@@ -162,6 +162,7 @@ struct CublasLtApi {
 // Descriptors and algorithm of one cached problem, plus what the one-time tuning needs.
 struct Plan : LtMatmulPlan<CublasLtApi> {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // usable heuristic answers, best estimate first
+  size_t choice = 0;   // algo is candidates[choice]
   bool tuned = false;  // algo is the fastest candidate as timed (or there was nothing to time)
 };
 
@@ -353,7 +354,10 @@ void tune_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle) {
   size_t best = 0;
   for (size_t i = 1; i < count; ++i)
     if (best_ms[i] > 0.f && best_ms[i] < best_ms[best]) best = i;
-  if (best_ms[best] < kTuneMargin * best_ms[0]) p.algo = p.candidates[best];
+  if (best_ms[best] < kTuneMargin * best_ms[0]) {
+    p.choice = best;
+    p.algo = p.candidates[best];
+  }
 }
 
 // Whether running g twice gives what running it once does: D, aux, the bias gradient and the
@@ -364,17 +368,27 @@ bool repeatable(const GemmArgs& g) { return g.beta == 0.f || g.c != nullptr; }
 
 // Gives an untuned plan its algorithm: the process's choice for its key when one was made (on
 // any thread), else this call's timing (outside capture, for repeatable calls), which becomes
-// the process's choice unless another thread's got there first.
+// the process's choice unless another thread's got there first. The choice is shared as an
+// index into the heuristic's answers, which are the same for the same key on every thread, not
+// as the algorithm struct: that one came from another thread's handle, and a launch with it
+// on this thread's handle failed (H200, cuBLASLt 13).
 void settle_algorithm(Plan& p, const GemmArgs& g, int device, cublasLtHandle_t handle) {
-  SharedChoices<cublasLtMatmulAlgo_t>& shared = process_choices<cublasLtMatmulAlgo_t>();
+  SharedChoices<size_t>& shared = process_choices<size_t>();
   const PlanKey key = plan_key(g, device);
-  if (shared.find(key, &p.algo)) {
+  size_t choice = 0;
+  if (shared.find(key, &choice) && choice < p.candidates.size()) {
+    p.choice = choice;
+    p.algo = p.candidates[choice];
     p.tuned = true;
     return;
   }
   if (!repeatable(g) || stream_capturing(reinterpret_cast<cudaStream_t>(g.stream))) return;
   tune_plan(p, g, handle);
-  p.algo = shared.settle(key, p.algo);
+  choice = shared.settle(key, p.choice);
+  if (choice < p.candidates.size()) {
+    p.choice = choice;
+    p.algo = p.candidates[choice];
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // output, the statuses of refused requests, and the same bits from every thread.
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "test_common.h"
@@ -517,20 +518,23 @@ TE_TEST(gemm_same_problem_same_bits_on_every_thread) {
   Workspace ws;
   DeviceBuffer<__nv_bfloat16> da(to_bf16(random_floats(size_t(m * k), 81))),
       db(to_bf16(random_floats(size_t(n * k), 82))), d1(size_t(m * n)), d2(size_t(m * n));
-  auto product = [&](DeviceBuffer<__nv_bfloat16>& d, NVTEStatus* status, bool* synced) {
+  std::string message1, message2;  // the error message is per thread
+  auto product = [&](DeviceBuffer<__nv_bfloat16>& d, NVTEStatus* status, bool* synced,
+                     std::string* message) {
     NVTETensor A = desc(da.ptr, {m, k}, kNVTEBFloat16);
     NVTETensor B = desc(db.ptr, {n, k}, kNVTEBFloat16);
     NVTETensor D = desc(d.ptr, {n, m}, kNVTEBFloat16);
     *status = nvte_gemm(&A, true, &B, false, &D, nullptr, nullptr, kNVTEGemmEpilogueNone, 1.f,
                         0.f, false, ws.buf.ptr, ws.buf.n, nullptr);
+    *message = nvte_last_error_message();
     *synced = cuda_ok();
   };
   NVTEStatus st1 = kNVTEDeviceError, st2 = kNVTEDeviceError;
   bool ok1 = false, ok2 = false;
-  std::thread([&] { product(d1, &st1, &ok1); }).join();
-  std::thread([&] { product(d2, &st2, &ok2); }).join();
-  TE_EXPECT(st1 == kNVTESuccess && st2 == kNVTESuccess && ok1 && ok2, "statuses %d / %d: %s",
-            int(st1), int(st2), nvte_last_error_message());
+  std::thread([&] { product(d1, &st1, &ok1, &message1); }).join();
+  std::thread([&] { product(d2, &st2, &ok2, &message2); }).join();
+  TE_EXPECT(st1 == kNVTESuccess && ok1, "first thread: status %d, %s", int(st1), message1.c_str());
+  TE_EXPECT(st2 == kNVTESuccess && ok2, "second thread: status %d, %s", int(st2), message2.c_str());
   const auto h1 = d1.download(), h2 = d2.download();
   TE_EXPECT(std::memcmp(h1.data(), h2.data(), h1.size() * sizeof(h1[0])) == 0,
             "the second thread's product differs from the first's");

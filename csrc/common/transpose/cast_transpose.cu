@@ -58,18 +58,22 @@ void check_cast_transpose_args(const NVTETensor* input, NVTETensor* output, NVTE
   check_fp8_scaling(*output, "output", true);
 }
 
+// The cast + transpose of the input's rows [row_begin, row_begin + rows) (all of them by
+// default): a band of rows lands in the same rows of output and the same columns of output_t,
+// whose rows are ld_t long (the input's row count; -1: rows, the whole tensor).
 template <bool kSums>
 void launch_cast_transpose(const NVTETensor& input, const NVTETensor& output,
                            const NVTETensor& output_t, int64_t rows, int64_t cols,
                            float* partial, NVTEStream stream, void* dbias = nullptr,
-                           NVTEDType dbias_dtype = kNVTEFloat32) {
+                           NVTEDType dbias_dtype = kNVTEFloat32, int64_t row_begin = 0,
+                           int64_t ld_t = -1) {
   TE_SWITCH_HP(input.dtype, InT, "input",
     TE_SWITCH_FP8(output.dtype, OutT, "output",
       launch_tiles<CopyProducer<InT>, OutT, true, kSums>(
-          CopyProducer<InT>{static_cast<const InT*>(input.data), cols},
-          static_cast<OutT*>(output.data), static_cast<OutT*>(output_t.data), rows, cols,
-          output.scale, output.amax, output.scale_inv, partial, to_stream(stream), dbias,
-          dbias_dtype)));
+          CopyProducer<InT>{static_cast<const InT*>(input.data) + row_begin * cols, cols},
+          static_cast<OutT*>(output.data) + row_begin * cols,
+          static_cast<OutT*>(output_t.data) + row_begin, rows, cols, output.scale, output.amax,
+          output.scale_inv, partial, to_stream(stream), dbias, dbias_dtype, ld_t)));
 }
 
 // current == nullptr: the outputs' own scales. Otherwise Float8CurrentScaling (GridScaling above;
@@ -255,15 +259,8 @@ extern "C" NVTEStatus nvte_cast_transpose_rows(const NVTETensor* input, NVTETens
     check_cast_transpose_args(input, output, output_t, &rows, &cols);
     TE_CHECK_ARG(row_begin >= 0 && row_begin < row_end && row_end <= rows, "rows [", row_begin,
                  ", ", row_end, ") are not a non-empty range of the input's ", rows, " rows");
-    const int64_t band = row_end - row_begin;
-    TE_SWITCH_HP(input->dtype, InT, "input",
-      TE_SWITCH_FP8(output->dtype, OutT, "output",
-        launch_tiles<CopyProducer<InT>, OutT, true, false>(
-            CopyProducer<InT>{static_cast<const InT*>(input->data) + row_begin * cols, cols},
-            static_cast<OutT*>(output->data) + row_begin * cols,
-            static_cast<OutT*>(output_t->data) + row_begin, band, cols, output->scale,
-            output->amax, output->scale_inv, nullptr, to_stream(stream), nullptr, kNVTEFloat32,
-            rows)));
+    launch_cast_transpose<false>(*input, *output, *output_t, row_end - row_begin, cols, nullptr,
+                                 stream, nullptr, kNVTEFloat32, row_begin, rows);
   });
 }
 
