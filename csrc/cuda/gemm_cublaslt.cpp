@@ -106,6 +106,12 @@ DeviceState& device_state(int device) {
   if (device >= static_cast<int>(states.size())) states.resize(device + 1);
   DeviceState& s = states[device];
   if (s.handle == nullptr) {
+    // A thread of the caller's own (not one the framework set up) may have no context current
+    // yet: cudaGetDevice and the attribute queries below do not bind one, and cuBLASLt's launch
+    // then failed (CUBLAS_STATUS_EXECUTION_FAILED on an H200, a second thread's first GEMM while
+    // another thread held a handle). cudaFree(nullptr) binds the device's primary context when
+    // none is current and leaves a current one as it is.
+    check_cuda(cudaFree(nullptr), "cudaFree(nullptr) (binding the device's context)");
     int major = 0, minor = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                "cudaDeviceGetAttribute(major)");
@@ -369,9 +375,8 @@ bool repeatable(const GemmArgs& g) { return g.beta == 0.f || g.c != nullptr; }
 // Gives an untuned plan its algorithm: the process's choice for its key when one was made (on
 // any thread), else this call's timing (outside capture, for repeatable calls), which becomes
 // the process's choice unless another thread's got there first. The choice is shared as an
-// index into the heuristic's answers, which are the same for the same key on every thread, not
-// as the algorithm struct: that one came from another thread's handle, and a launch with it
-// on this thread's handle failed (H200, cuBLASLt 13).
+// index into the heuristic's answers, which a key gets in the same order on every thread (each
+// thread asks with its own handle).
 void settle_algorithm(Plan& p, const GemmArgs& g, int device, cublasLtHandle_t handle) {
   SharedChoices<size_t>& shared = process_choices<size_t>();
   const PlanKey key = plan_key(g, device);

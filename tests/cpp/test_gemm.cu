@@ -507,8 +507,10 @@ TE_TEST(gemm_with_c_refusals_return_status) {
 // The same product on two threads, one after the other, gives the same bits. A problem this
 // large has its algorithm timed once (cuBLASLt, gemm_cublaslt.cpp): the second thread's plan takes
 // the first thread's choice instead of timing again, where noise could pick another algorithm
-// (autograd runs the backward, and recomputed forwards, on a thread of its own). The emulated
-// device runs a reference loop (no algorithms), on a small problem.
+// (autograd runs the backward, and recomputed forwards, on a thread of its own). The threads are
+// plain std::threads that bind no context themselves, as a C API caller's may: the library binds
+// the device's context on a thread's first GEMM. The emulated device runs a reference loop (no
+// algorithms), on a small problem.
 TE_TEST(gemm_same_problem_same_bits_on_every_thread) {
 #if defined(TE_HIPCPU_EMULATION)
   const int64_t m = 64, n = 48, k = 96;
