@@ -103,7 +103,7 @@ PlanCache<Plan>& thread_plan_cache() {
 // the thread that ran the forward, or after its plan was evicted and rebuilt. The first choice
 // stored for a key is the process's and later ones adopt it; a thread that finds it takes it
 // without timing anything. Past the capacity nothing more is stored (such a thread keeps its own
-// choice); a choice is a few hundred bytes.
+// choice); an entry is a key (192 bytes) and the choice.
 constexpr size_t kSharedChoiceCapacity = 4096;
 
 template <typename Value>
