@@ -83,29 +83,38 @@ def chosen(t: torch.Tensor, tp, nbytes: int) -> str | None:
 
 
 def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,
-                       consume: Callable[[torch.Tensor, int], None]) -> torch.Tensor:
+                       consume: Callable[[torch.Tensor, int], None] | None,
+                       begun: "BegunGather | None" = None) -> torch.Tensor:
     """All-gathers local (this rank's rows) into out (every rank's rows, rank order) while
     consume(rows, src_rank) runs on each rank's rows as they land: this rank's first, then each
-    peer's on alternating streams right after its copy. Returns out."""
-    if local.is_cuda and out.shape[0] == 2 * local.shape[0]:
-        _gather_pair(local, out, group_name, consume)
+    peer's on alternating streams right after its copy. begun: what begin_gather returned for
+    these tensors (the transfer already under way). consume None: only the gather. Returns out."""
+    if begun is None:
+        begun = begin_gather(local, out, group_name)
+    if begun is not None:
+        _finish_gather_pair(begun, consume)
     else:
-        _symm._pipelined_all_gather_and_consume(local, consume, out, group_name)
+        _symm._pipelined_all_gather_and_consume(local, consume or (lambda rows, src: None), out,
+                                                group_name)
     transfers["gather"] += 1
     return out
 
 
 def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dtype,
                                device: torch.device, group_name: str,
-                               produce: Callable[[int, torch.Tensor], None]) -> torch.Tensor:
+                               produce: Callable[..., None], pieces: int = 1) -> torch.Tensor:
     """This rank's rows of the sum over ranks of each rank's partial product: produce(r, out)
     writes this rank's partial sums for rank r's rows into out (rows x cols); the peers' blocks
     are produced first and copied to their owners while the next block is produced, this
-    rank's own block last. The ranks' partial sums are added in rank order."""
+    rank's own block last. The ranks' partial sums are added in rank order. pieces=2 (two
+    CUDA ranks, rows a multiple of 2 x 16): the peer's block is made in two halves,
+    produce(r, out, (first, end)) writing those rows of rank r's block, so that the first
+    half's copy starts while the second is made (for a block whose copy would outlast this
+    rank's block)."""
     stacked = torch.empty(world * rows, cols, dtype=dtype, device=device)
     transfers["reduce_scatter"] += 1
     if world == 2 and stacked.is_cuda:
-        return _reduce_scatter_pair(stacked, group_name, produce)
+        return _reduce_scatter_pair(stacked, group_name, produce, pieces)
     # torch's pipeline runs each block on one of two streams, so the peer's block and this
     # rank's share the SMs and end together, and the peer's copy waits for both. Each block
     # here waits for the one before it: the peer's block ends in half the time and its copy
@@ -133,29 +142,60 @@ def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dt
 # these have none. Left in each: one barrier between this rank's writes and the peer's reads,
 # and the closing one, which the reduce-scatter runs beside its add. Two H200s, GPT block at
 # TP=2 + SP replayed from CUDA graphs, same run, three repeats each: 4.499 -> 4.441 ms per BF16
-# step, 3.022 -> 2.957 ms per FP8 step.
+# step, 3.022 -> 2.957 ms per FP8 step. A gather begins when its rows are made, its barrier
+# queued before the caller's next kernels (the weight's cast, the first GEMM block), and the
+# attention projection's reduce-scatter makes the peer's block in halves (gather_gemm.py): same
+# run on two H200s, four repeats each, 2.936 -> 2.913 ms per FP8 step with the gathers so
+# begun and 2.905 with the halves too (BF16 4.428 either way; the same bits).
 
-def _gather_pair(local, out, group_name, consume) -> None:
+class BegunGather:
+    """A two-rank gather under way (begin_gather): this rank's rows are in its workspace and
+    the peer's are being copied into `theirs` on the pipelines' stream."""
+    __slots__ = ("ws", "local", "mine", "theirs", "rank", "aside")
+
+    def __init__(self, ws, local, mine, theirs, rank, aside):
+        self.ws, self.local, self.mine, self.theirs = ws, local, mine, theirs
+        self.rank, self.aside = rank, aside
+
+
+def begin_gather(local: torch.Tensor, out: torch.Tensor, group_name: str) -> BegunGather | None:
+    """Starts the gather of local into out on two CUDA ranks as soon as local is made, so that
+    its barrier and the peer's copy run under what the caller queues next (the weight's cast)
+    rather than in front of the first GEMM block; None elsewhere (gather_and_consume runs
+    torch's pipeline). The workspace stays this gather's until gather_and_consume finishes it:
+    the caller runs no other pipeline on the group in between."""
+    if not (local.is_cuda and out.shape[0] == 2 * local.shape[0]):
+        return None
     ws = _symm.get_symm_mem_workspace(group_name, min_size=local.numel() * local.element_size())
     rank = ws.rank
     peer, rows = 1 - rank, local.shape[0]
-    mine, theirs = out[rank * rows:(rank + 1) * rows], out[peer * rows:(peer + 1) * rows]
     current = torch.cuda.current_stream()
     ws.get_buffer(rank, local.shape, local.dtype, 0).copy_(local)
-    ws.barrier(channel=1)  # both ranks' rows are in their workspaces
     aside = _symm._get_backend_stream()
     aside.wait_stream(current)
-    consume(local, rank)
+    theirs = out[peer * rows:(peer + 1) * rows]
     with torch.cuda.stream(aside):
+        # queued before anything the caller launches next, so it gets an SM before a GEMM
+        # block takes them all
+        ws.barrier(channel=1)  # both ranks' rows are in their workspaces
         theirs.copy_(ws.get_buffer(peer, local.shape, local.dtype, 0))
-        consume(theirs, peer)
-    mine.copy_(local)  # under the peer's block
+    return BegunGather(ws, local, out[rank * rows:(rank + 1) * rows], theirs, rank, aside)
+
+
+def _finish_gather_pair(begun: BegunGather, consume) -> None:
+    current, aside = torch.cuda.current_stream(), begun.aside
+    if consume is not None:
+        aside.wait_stream(current)  # what the peer's block reads besides its rows (the weight)
+        consume(begun.local, begun.rank)
+        with torch.cuda.stream(aside):
+            consume(begun.theirs, 1 - begun.rank)
+    begun.mine.copy_(begun.local)  # under the peer's block
     current.wait_stream(aside)
-    ws.barrier(channel=0)  # the peer has read this rank's workspace
+    begun.ws.barrier(channel=0)  # the peer has read this rank's workspace
     transfers["gather_pair"] += 1
 
 
-def _reduce_scatter_pair(stacked, group_name, produce) -> torch.Tensor:
+def _reduce_scatter_pair(stacked, group_name, produce, pieces) -> torch.Tensor:
     rows = stacked.shape[0] // 2
     shape, dtype = (rows,) + tuple(stacked.shape[1:]), stacked.dtype
     ws = _symm.get_symm_mem_workspace(group_name, min_size=stacked[:rows].numel()
@@ -165,14 +205,41 @@ def _reduce_scatter_pair(stacked, group_name, produce) -> torch.Tensor:
     current = torch.cuda.current_stream()
     aside = _symm._get_backend_stream()
     aside.wait_stream(current)
+    mine_ws, peer_ws = ws.get_buffer(rank, shape, dtype, 0), ws.get_buffer(peer, shape, dtype, 0)
+    landing = stacked[peer * rows:(peer + 1) * rows]
     made, copied = torch.cuda.Event(), torch.cuda.Event()
-    with torch.cuda.stream(aside):
-        produce(peer, ws.get_buffer(rank, shape, dtype, 0))  # the peer's rows, for it to read
+    if pieces == 2:
+        # the first half is made, signalled and copied on the pipelines' stream; the second
+        # half is made on this one meanwhile, and its barrier and copy go on a stream of their
+        # own (a third barrier channel), queued before this rank's block
+        half = rows // 2
+        first_copied, second = torch.cuda.Event(), _second_stream(stacked.device)
+        with torch.cuda.stream(aside):
+            produce(peer, mine_ws[:half], (0, half))
+            made.record()
+            ws.barrier(channel=1)
+            landing[:half].copy_(peer_ws[:half])
+            first_copied.record()
+        current.wait_event(made)
+        produce(peer, mine_ws[half:], (half, rows))
+        made = torch.cuda.Event()
         made.record()
-        ws.barrier(channel=1)
-        stacked[peer * rows:(peer + 1) * rows].copy_(ws.get_buffer(peer, shape, dtype, 0))
-        copied.record()
-        ws.barrier(channel=0)  # the peer has read this rank's workspace
+        second.wait_event(made)
+        with torch.cuda.stream(second):
+            ws.barrier(channel=2)
+            landing[half:].copy_(peer_ws[half:])
+            second.wait_event(first_copied)
+            copied.record()
+            ws.barrier(channel=0)  # the peer has read this rank's workspace
+        aside.wait_stream(second)
+    else:
+        with torch.cuda.stream(aside):
+            produce(peer, mine_ws)  # the peer's rows, for it to read
+            made.record()
+            ws.barrier(channel=1)
+            landing.copy_(peer_ws)
+            copied.record()
+            ws.barrier(channel=0)  # the peer has read this rank's workspace
     # queued after the barrier, which so gets an SM before this block takes them all, and the
     # copy runs under the block
     current.wait_event(made)
@@ -186,3 +253,14 @@ def _reduce_scatter_pair(stacked, group_name, produce) -> torch.Tensor:
     current.wait_stream(aside)
     transfers["reduce_scatter_pair"] += 1
     return summed
+
+
+_SECOND: dict = {}
+
+
+def _second_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream of the device for a reduce-scatter's second half (made on first use)."""
+    stream = _SECOND.get(device.index)
+    if stream is None:
+        stream = _SECOND[device.index] = torch.cuda.Stream(device)
+    return stream

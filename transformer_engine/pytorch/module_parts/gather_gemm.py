@@ -17,9 +17,9 @@ the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
 
 Both gathers fit the column side: `PendingRows` (high precision, made here) and the FP8 one of
 sequence_parallel_fp8 (`PendingFP8Rows`); each holds this rank's rows (`local`), its rank and the
-gathered buffer (`data`), valid after `wait()`. A gather the copy engines will move is not
-started when it is made: gemm_over_gather runs it under the GEMM's blocks (a `wait()` before
-that gathers through NCCL).
+gathered buffer (`data`), valid after `wait()`. A gather the copy engines move begins when
+its rows are made (on two ranks: copy_engine_tp.begin_gather), so that it runs under the
+weight's cast; gemm_over_gather runs the GEMM's blocks over it (a `wait()` finishes it alone).
 """
 from __future__ import annotations
 
@@ -55,18 +55,19 @@ def _overlap() -> bool:
 class PendingRows:
     """A high-precision all-gather of every rank's rows in flight: wait() returns the gathered
     rows (rank order)."""
-    __slots__ = ("local", "data", "handle", "rank", "group", "copy_engine")
+    __slots__ = ("local", "data", "handle", "rank", "group", "copy_engine", "begun")
 
     def __init__(self, local, data, handle, rank, group=None, copy_engine=None):
         self.local, self.data, self.handle, self.rank = local, data, handle, rank
         # copy_engine: the group's name while the gather waits for gemm_over_gather to run it
-        # with the copy engines; a wait() before that gathers through NCCL instead
+        # with the copy engines; a wait() before that finishes it without the GEMM (or, when
+        # the copy engines have not begun it, gathers through NCCL)
         self.group, self.copy_engine = group, copy_engine
+        self.begun = None  # copy_engine_tp.begin_gather's transfer, under way since made
 
     def wait(self) -> torch.Tensor:
         if self.copy_engine is not None:
-            dist.all_gather_into_tensor(self.data, self.local, group=self.group)
-            self.copy_engine = None
+            finish_copy_engine_gather(self)
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
@@ -83,7 +84,9 @@ def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
     if local.shape[0] > 0:
         name = copy_engine_tp.chosen(local, tp, local.numel() * local.element_size())
         if name is not None:
-            return PendingRows(local, out, None, get_distributed_rank(tp.group), tp.group, name)
+            pending = PendingRows(local, out, None, get_distributed_rank(tp.group), tp.group, name)
+            pending.begun = copy_engine_tp.begin_gather(local, out, name)
+            return pending
     if dist.get_backend(tp.group) == "nccl":
         # a traced call waits here (no async handle inside a graph)
         handle = dist.all_gather_into_tensor(out, local, group=tp.group,
@@ -92,6 +95,19 @@ def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
         dist.all_gather(list(out.chunk(tp.size, dim=0)), local, group=tp.group)
         handle = None
     return PendingRows(local, out, handle, get_distributed_rank(tp.group))
+
+
+def finish_copy_engine_gather(pending) -> None:
+    """Completes a gather that gemm_over_gather was to run with the copy engines, without a
+    GEMM: the begun transfer is finished, one not begun goes through NCCL."""
+    if pending.begun is not None:
+        copy_engine_tp.gather_and_consume(pending.local.view(torch.uint8),
+                                          pending.data.view(torch.uint8), pending.copy_engine,
+                                          None, pending.begun)
+    else:
+        dist.all_gather_into_tensor(pending.data.view(torch.uint8),
+                                    pending.local.view(torch.uint8), group=pending.group)
+    pending.copy_engine = pending.begun = None
 
 
 def fp8_blocks_fit(pending) -> bool:
@@ -112,9 +128,10 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
         # FP8 rows travel as bytes (the pipelines copy any dtype; bytes keep them to one)
         def consume(block, src):
             gemm(block.view(dtype), [o[src * rows:(src + 1) * rows] for o in outs])
-        name, pending.copy_engine = pending.copy_engine, None
+        name, begun = pending.copy_engine, pending.begun
+        pending.copy_engine = pending.begun = None
         copy_engine_tp.gather_and_consume(pending.local.view(torch.uint8),
-                                          pending.data.view(torch.uint8), name, consume)
+                                          pending.data.view(torch.uint8), name, consume, begun)
         return pending.wait()  # the gathered rows (FP8: with their transpose, made now)
     if not _overlap():
         arrived = pending.wait()
@@ -130,6 +147,22 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     if hi < full.shape[0]:
         gemm(full[hi:], [o[hi:] for o in outs])
     return arrived
+
+
+# A peer block's copy outlasts this rank's block when the block's GEMM is short against the
+# bytes it makes: per output element the GEMM's time grows with its inner dimension K and the
+# width of its operands, the copy's with the output's width. On two NVLink H200s (GPT block,
+# graphed step) the attention projection's FP8 GEMM (K 2048 per rank, 1-byte operands) made its
+# own 2048 x 4096 block in 33 us while the peer's bf16 block took 49 us to copy, and the add
+# after the reduce-scatter waited; BF16 (2-byte operands) and FC2 (K 8192) hid their copies.
+# Below this K x operand bytes, the peer's block is made in two halves (copy_engine_tp).
+PIECES_BELOW_K_BYTES = 4096
+
+
+def _peer_pieces(x, rows, block_multiple) -> int:
+    if x.shape[1] * x.element_size() >= PIECES_BELOW_K_BYTES:
+        return 1
+    return 2 if rows % (2 * max(block_multiple, 16)) == 0 else 1
 
 
 def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
@@ -157,12 +190,13 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
         if name is not None:
             rank = get_distributed_rank(tp.group)
 
-            def produce(r, out):
+            def produce(r, out, part=(0, rows)):
                 own = r == rank
-                gemm(x[r * rows:(r + 1) * rows], out, bias if own else None,
+                gemm(x[r * rows + part[0]:r * rows + part[1]], out, bias if own else None,
                      addend if own else None)
-            return copy_engine_tp.produce_and_reduce_scatter(rows, out_cols, world, dtype,
-                                                             x.device, name, produce)
+            return copy_engine_tp.produce_and_reduce_scatter(
+                rows, out_cols, world, dtype, x.device, name, produce,
+                _peer_pieces(x, rows, block_multiple))
     if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full, None, None)

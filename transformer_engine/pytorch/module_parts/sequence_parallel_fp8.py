@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ..collectives import all_gather_bytes_first_dim, get_distributed_rank
 from ..library.cast import cast, transposed
 from . import copy_engine_tp, side_stream
-from .gather_gemm import fp8_blocks_fit, gemm_over_gather
+from .gather_gemm import finish_copy_engine_gather, fp8_blocks_fit, gemm_over_gather
 
 
 def _holds_every_rank(amax_group, tp_group) -> bool:
@@ -68,24 +68,23 @@ class PendingFP8Rows:
     or None), the transpose made once the bytes are here. `local` (this rank's rows) and `rank`
     let a GEMM start on those rows before the others land (see gather_gemm.py)."""
     __slots__ = ("data", "handle", "need_transpose", "local", "rank", "group", "copy_engine",
-                 "beside")
+                 "beside", "begun")
 
     def __init__(self, data, handle, need_transpose, local=None, rank=0, group=None,
                  copy_engine=None, beside=False):
         self.data, self.handle, self.need_transpose = data, handle, need_transpose
         self.local, self.rank = local, rank
         # copy_engine: the group's name while the gather waits for gather_gemm.gemm_over_gather
-        # to run it with the copy engines; a wait() before that gathers through NCCL instead
+        # to run it with the copy engines; a wait() before that finishes it without the GEMM
         self.group, self.copy_engine = group, copy_engine
+        self.begun = None  # copy_engine_tp.begin_gather's transfer, under way since made
         # beside: the transpose is a forward's, read only by the backward, and may run on the
         # side stream (side_stream.py)
         self.beside = beside
 
     def wait(self):
         if self.copy_engine is not None:
-            dist.all_gather_into_tensor(self.data.view(torch.uint8), self.local.view(torch.uint8),
-                                        group=self.group)
-            self.copy_engine = None
+            finish_copy_engine_gather(self)
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
@@ -111,8 +110,12 @@ def start_fp8_gather(local: torch.Tensor, tp, need_transpose: bool,
         if name is not None:  # moved under the GEMM's blocks (gather_gemm.gemm_over_gather)
             out = torch.empty((tp.size * local.shape[0],) + tuple(local.shape[1:]),
                               dtype=local.dtype, device=local.device)
-            return PendingFP8Rows(out, None, need_transpose, local.contiguous(),
-                                  get_distributed_rank(tp.group), tp.group, name, beside)
+            local = local.contiguous()
+            pending = PendingFP8Rows(out, None, need_transpose, local,
+                                     get_distributed_rank(tp.group), tp.group, name, beside)
+            pending.begun = copy_engine_tp.begin_gather(local.view(torch.uint8),
+                                                        out.view(torch.uint8), name)
+            return pending
     out, handle = all_gather_bytes_first_dim(local, tp.group, tp.size, async_op)
     return PendingFP8Rows(out.view(local.dtype), handle, need_transpose, local,
                           get_distributed_rank(tp.group), beside=beside)
