@@ -102,19 +102,15 @@ def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,
 
 def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dtype,
                                device: torch.device, group_name: str,
-                               produce: Callable[..., None], pieces: int = 1) -> torch.Tensor:
+                               produce: Callable[[int, torch.Tensor], None]) -> torch.Tensor:
     """This rank's rows of the sum over ranks of each rank's partial product: produce(r, out)
     writes this rank's partial sums for rank r's rows into out (rows x cols); the peers' blocks
     are produced first and copied to their owners while the next block is produced, this
-    rank's own block last. The ranks' partial sums are added in rank order. pieces=2 (two
-    CUDA ranks, rows a multiple of 2 x 16): the peer's block is made in two halves,
-    produce(r, out, (first, end)) writing those rows of rank r's block, so that the first
-    half's copy starts while the second is made (for a block whose copy would outlast this
-    rank's block)."""
+    rank's own block last. The ranks' partial sums are added in rank order."""
     stacked = torch.empty(world * rows, cols, dtype=dtype, device=device)
     transfers["reduce_scatter"] += 1
     if world == 2 and stacked.is_cuda:
-        return _reduce_scatter_pair(stacked, group_name, produce, pieces)
+        return _reduce_scatter_pair(stacked, group_name, produce)
     # torch's pipeline runs each block on one of two streams, so the peer's block and this
     # rank's share the SMs and end together, and the peer's copy waits for both. Each block
     # here waits for the one before it: the peer's block ends in half the time and its copy
@@ -143,10 +139,9 @@ def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dt
 # and the closing one, which the reduce-scatter runs beside its add. Two H200s, GPT block at
 # TP=2 + SP replayed from CUDA graphs, same run, three repeats each: 4.499 -> 4.441 ms per BF16
 # step, 3.022 -> 2.957 ms per FP8 step. A gather begins when its rows are made, its barrier
-# queued before the caller's next kernels (the weight's cast, the first GEMM block), and the
-# attention projection's reduce-scatter makes the peer's block in halves (gather_gemm.py): same
-# run on two H200s, four repeats each, 2.936 -> 2.913 ms per FP8 step with the gathers so
-# begun and 2.905 with the halves too (BF16 4.428 either way; the same bits).
+# queued before the caller's next kernels (the weight's cast, the first GEMM block): same run on
+# two H200s, four repeats each, 2.936 -> 2.913 ms per FP8 step (2.968 -> 2.938 in a second
+# run; BF16 4.428 either way; the same bits).
 
 class BegunGather:
     """A two-rank gather under way (begin_gather): this rank's rows are in its workspace and
@@ -195,7 +190,7 @@ def _finish_gather_pair(begun: BegunGather, consume) -> None:
     transfers["gather_pair"] += 1
 
 
-def _reduce_scatter_pair(stacked, group_name, produce, pieces) -> torch.Tensor:
+def _reduce_scatter_pair(stacked, group_name, produce) -> torch.Tensor:
     rows = stacked.shape[0] // 2
     shape, dtype = (rows,) + tuple(stacked.shape[1:]), stacked.dtype
     ws = _symm.get_symm_mem_workspace(group_name, min_size=stacked[:rows].numel()
@@ -205,41 +200,14 @@ def _reduce_scatter_pair(stacked, group_name, produce, pieces) -> torch.Tensor:
     current = torch.cuda.current_stream()
     aside = _symm._get_backend_stream()
     aside.wait_stream(current)
-    mine_ws, peer_ws = ws.get_buffer(rank, shape, dtype, 0), ws.get_buffer(peer, shape, dtype, 0)
-    landing = stacked[peer * rows:(peer + 1) * rows]
     made, copied = torch.cuda.Event(), torch.cuda.Event()
-    if pieces == 2:
-        # the first half is made, signalled and copied on the pipelines' stream; the second
-        # half is made on this one meanwhile, and its barrier and copy go on a stream of their
-        # own (a third barrier channel), queued before this rank's block
-        half = rows // 2
-        first_copied, second = torch.cuda.Event(), _second_stream(stacked.device)
-        with torch.cuda.stream(aside):
-            produce(peer, mine_ws[:half], (0, half))
-            made.record()
-            ws.barrier(channel=1)
-            landing[:half].copy_(peer_ws[:half])
-            first_copied.record()
-        current.wait_event(made)
-        produce(peer, mine_ws[half:], (half, rows))
-        made = torch.cuda.Event()
+    with torch.cuda.stream(aside):
+        produce(peer, ws.get_buffer(rank, shape, dtype, 0))  # the peer's rows, for it to read
         made.record()
-        second.wait_event(made)
-        with torch.cuda.stream(second):
-            ws.barrier(channel=2)
-            landing[half:].copy_(peer_ws[half:])
-            second.wait_event(first_copied)
-            copied.record()
-            ws.barrier(channel=0)  # the peer has read this rank's workspace
-        aside.wait_stream(second)
-    else:
-        with torch.cuda.stream(aside):
-            produce(peer, mine_ws)  # the peer's rows, for it to read
-            made.record()
-            ws.barrier(channel=1)
-            landing.copy_(peer_ws)
-            copied.record()
-            ws.barrier(channel=0)  # the peer has read this rank's workspace
+        ws.barrier(channel=1)
+        stacked[peer * rows:(peer + 1) * rows].copy_(ws.get_buffer(peer, shape, dtype, 0))
+        copied.record()
+        ws.barrier(channel=0)  # the peer has read this rank's workspace
     # queued after the barrier, which so gets an SM before this block takes them all, and the
     # copy runs under the block
     current.wait_event(made)
@@ -253,14 +221,3 @@ def _reduce_scatter_pair(stacked, group_name, produce, pieces) -> torch.Tensor:
     current.wait_stream(aside)
     transfers["reduce_scatter_pair"] += 1
     return summed
-
-
-_SECOND: dict = {}
-
-
-def _second_stream(device: torch.device) -> torch.cuda.Stream:
-    """A stream of the device for a reduce-scatter's second half (made on first use)."""
-    stream = _SECOND.get(device.index)
-    if stream is None:
-        stream = _SECOND[device.index] = torch.cuda.Stream(device)
-    return stream

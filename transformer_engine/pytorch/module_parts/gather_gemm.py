@@ -149,22 +149,6 @@ def gemm_over_gather(pending, outs: Sequence[torch.Tensor],
     return arrived
 
 
-# A peer block's copy outlasts this rank's block when the block's GEMM is short against the
-# bytes it makes: per output element the GEMM's time grows with its inner dimension K and the
-# width of its operands, the copy's with the output's width. On two NVLink H200s (GPT block,
-# graphed step) the attention projection's FP8 GEMM (K 2048 per rank, 1-byte operands) made its
-# own 2048 x 4096 block in 33 us while the peer's bf16 block took 49 us to copy, and the add
-# after the reduce-scatter waited; BF16 (2-byte operands) and FC2 (K 8192) hid their copies.
-# Below this K x operand bytes, the peer's block is made in two halves (copy_engine_tp).
-PIECES_BELOW_K_BYTES = 4096
-
-
-def _peer_pieces(x, rows, block_multiple) -> int:
-    if x.shape[1] * x.element_size() >= PIECES_BELOW_K_BYTES:
-        return 1
-    return 2 if rows % (2 * max(block_multiple, 16)) == 0 else 1
-
-
 def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
                         gemm: Callable[..., None], block_multiple: int = 1,
                         bias: torch.Tensor | None = None,
@@ -190,13 +174,12 @@ def gemm_reduce_scatter(x: torch.Tensor, tp, out_cols: int, dtype: torch.dtype,
         if name is not None:
             rank = get_distributed_rank(tp.group)
 
-            def produce(r, out, part=(0, rows)):
+            def produce(r, out):
                 own = r == rank
-                gemm(x[r * rows + part[0]:r * rows + part[1]], out, bias if own else None,
+                gemm(x[r * rows:(r + 1) * rows], out, bias if own else None,
                      addend if own else None)
-            return copy_engine_tp.produce_and_reduce_scatter(
-                rows, out_cols, world, dtype, x.device, name, produce,
-                _peer_pieces(x, rows, block_multiple))
+            return copy_engine_tp.produce_and_reduce_scatter(rows, out_cols, world, dtype,
+                                                             x.device, name, produce)
     if world != 2 or not blocks:
         full = torch.empty((x.shape[0], out_cols), dtype=dtype, device=x.device)
         gemm(x, full, None, None)
