@@ -305,14 +305,18 @@ cublasStatus_t launch_matmul(cublasLtHandle_t handle, const Plan& p, const GemmA
                         reinterpret_cast<cudaStream_t>(g.stream));
 }
 
+// Whether g's problem is large enough to time its candidates (kTuneMinFlops above).
+bool worth_timing(const GemmArgs& g) {
+  return 2.0 * double(g.m) * double(g.n) * double(g.k) >= kTuneMinFlops;
+}
+
 // Times the candidates of p on this call's operands and keeps the fastest (protocol above). Only
-// for calls whose repeated runs are harmless (see repeatable) and a stream outside capture. The
-// events are waited on in relaxed capture mode, so that a graph another thread captures
-// meanwhile is not invalidated by this (legal, uncaptured) synchronisation. Any failure keeps
-// the heuristic's first choice.
+// for problems worth timing, calls whose repeated runs are harmless (see repeatable) and a stream
+// outside capture. The events are waited on in relaxed capture mode, so that a graph another
+// thread captures meanwhile is not invalidated by this (legal, uncaptured) synchronisation. Any
+// failure keeps the heuristic's first choice.
 void tune_plan(Plan& p, const GemmArgs& g, cublasLtHandle_t handle) {
   p.tuned = true;  // tried once, whatever happens below
-  if (2.0 * double(g.m) * double(g.n) * double(g.k) < kTuneMinFlops) return;
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(g.stream);
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
@@ -378,6 +382,10 @@ bool repeatable(const GemmArgs& g) { return g.beta == 0.f || g.c != nullptr; }
 // index into the heuristic's answers, which a key gets in the same order on every thread (each
 // thread asks with its own handle).
 void settle_algorithm(Plan& p, const GemmArgs& g, int device, cublasLtHandle_t handle) {
+  if (!worth_timing(g)) {  // the heuristic's first choice, on every thread alike: nothing to share
+    p.tuned = true;
+    return;
+  }
   SharedChoices<size_t>& shared = process_choices<size_t>();
   const PlanKey key = plan_key(g, device);
   size_t choice = 0;

@@ -88,14 +88,14 @@ def gather_and_consume(local: torch.Tensor, out: torch.Tensor, group_name: str,
     """All-gathers local (this rank's rows) into out (every rank's rows, rank order) while
     consume(rows, src_rank) runs on each rank's rows as they land: this rank's first, then each
     peer's on alternating streams right after its copy. begun: what begin_gather returned for
-    these tensors (the transfer already under way). consume None: only the gather. Returns out."""
+    these tensors (the transfer already under way); consume None (with begun): only the gather.
+    Returns out."""
     if begun is None:
         begun = begin_gather(local, out, group_name)
     if begun is not None:
         _finish_gather_pair(begun, consume)
     else:
-        _symm._pipelined_all_gather_and_consume(local, consume or (lambda rows, src: None), out,
-                                                group_name)
+        _symm._pipelined_all_gather_and_consume(local, consume, out, group_name)
     transfers["gather"] += 1
     return out
 
