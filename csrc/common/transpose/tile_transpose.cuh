@@ -52,13 +52,19 @@ inline int64_t fp8_row_tiles(int64_t rows) {
 //     than 3 blocks with 256 bytes, the plain cast+transpose equal;
 //   two inputs with column sums (dact+dbias): 3 blocks, 64 bytes, 12% faster than 2 with 128;
 //   the rest (cast+dbias, gated forms): 2 blocks, 128 bytes; tighter caps spill or were slower.
+// Then on an H200 (4096 x 8192, 8192 x 4096, 6144 x 4096, 16384 x 4096; us against a bf16 copy
+// of the same tensor), one input at 4 blocks with 32 bytes instead of 64: the 1-byte transpose
+// (four passes of 16 bytes per group before, two now) 32.1 -> 22.4 us at 4096 x 8192 (58% -> 84%
+// of the copy's rate), gelu+cast+transpose 47.6 -> 45.2 (72% -> 76%), cast+transpose 39.9 ->
+// 39.2; 16 bytes or 3 and 5 blocks were slower. dact+dbias stays at 3 blocks, 64 bytes (68.9 us,
+// 75%: 2 or 4 blocks, 32 or 128 bytes were equal or slower).
 // AMD keeps the shapes of before that sweep (3 and 2 blocks, 256 and 128 bytes): nothing was
 // measured there, and hipcc cannot fit these kernels in the registers of 4 resident 256-thread
 // blocks per CU (it reports the occupancy target missed).
 #if TE_PLATFORM_ROCM
 constexpr int kBlocksOneInput = 3, kBytesOneInput = 256, kBlocksDact = 2, kBytesDact = 128;
 #else
-constexpr int kBlocksOneInput = 4, kBytesOneInput = 64, kBlocksDact = 3, kBytesDact = 64;
+constexpr int kBlocksOneInput = 4, kBytesOneInput = 32, kBlocksDact = 3, kBytesDact = 64;
 #endif
 
 template <class Producer, bool kSums>
