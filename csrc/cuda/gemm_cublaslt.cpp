@@ -110,8 +110,15 @@ DeviceState& device_state(int device) {
     // yet: cudaGetDevice and the attribute queries below do not bind one, and cuBLASLt's launch
     // then failed (CUBLAS_STATUS_EXECUTION_FAILED on an H200, a second thread's first GEMM while
     // another thread held a handle). cudaFree(nullptr) binds the device's primary context when
-    // none is current and leaves a current one as it is.
-    check_cuda(cudaFree(nullptr), "cudaFree(nullptr) (binding the device's context)");
+    // none is current and leaves a current one as it is. A capture in global mode (torch's
+    // default) refuses that call on every thread, so a thread whose first GEMM is captured could
+    // not make its handle: the call runs in relaxed mode, where it is allowed (it captures
+    // nothing and, given nullptr, frees nothing).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    const cudaError_t bound = cudaFree(nullptr);
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    check_cuda(bound, "cudaFree(nullptr) (binding the device's context)");
     int major = 0, minor = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                "cudaDeviceGetAttribute(major)");

@@ -13,6 +13,8 @@ output rounding, plus what the libraries are allowed on top of it:
     i.e. 5e-3 |pre|.
 """
 
+import threading
+
 import pytest
 import torch
 
@@ -419,6 +421,38 @@ def test_gemm_first_call_under_capture(fp8):
     torch.testing.assert_close(captured.float(), eager.float(), rtol=2 * t["rtol"],
                                atol=2 * t["rtol"] * float(eager.float().abs().max()))
     assert torch.equal(call(), eager)  # tuned once: later calls repeat the same algorithm
+
+
+@requires_native_gpu
+def test_gemm_first_call_of_a_thread_under_capture():
+    """A thread whose first GEMM ever is captured makes its cuBLASLt handle inside a capture of
+    torch's default (global) mode: the capture succeeds and replays to the eager product, bit
+    for bit (a small shape keeps the heuristic's first choice on both threads)."""
+    m, n, k = 256, 128, 192
+    A, B = operands("TN", m, n, k, torch.bfloat16, "cuda", 7)
+    eager = kernels.general_gemm(A, B, torch.bfloat16, layout="TN").out
+    got = {}
+
+    def on_new_thread():
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                gemm_mod.gemm_workspace(A.device)  # made outside capture, as in use
+                with torch.cuda.graph(graph, stream=stream):
+                    out = kernels.general_gemm(A, B, torch.bfloat16, layout="TN").out
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            got["out"] = out.clone()
+        except BaseException as e:  # reported on the test's thread
+            got["error"] = e
+    worker = threading.Thread(target=on_new_thread)
+    worker.start()
+    worker.join()
+    assert "error" not in got, repr(got.get("error"))
+    assert torch.equal(got["out"], eager)
 
 
 @requires_native_gpu
