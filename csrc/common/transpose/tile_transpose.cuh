@@ -56,26 +56,32 @@ inline int64_t fp8_row_tiles(int64_t rows) {
 // of the same tensor), one input at 4 blocks with 32 bytes instead of 64: the 1-byte transpose
 // (four passes of 16 bytes per group before, two now) 32.1 -> 22.4 us at 4096 x 8192 (58% -> 84%
 // of the copy's rate), gelu+cast+transpose 47.6 -> 45.2 (72% -> 76%), cast+transpose 39.9 ->
-// 39.2; 16 bytes or 3 and 5 blocks were slower. dact+dbias stays at 3 blocks, 64 bytes (68.9 us,
-// 75%: 2 or 4 blocks, 32 or 128 bytes were equal or slower).
-// AMD keeps the shapes of before that sweep (3 and 2 blocks, 256 and 128 bytes): nothing was
+// 39.2; 16 bytes or 3 and 5 blocks were slower. cast+transpose+dbias (one input with column
+// sums) at 3 blocks, 32 bytes instead of 2 and 128: 35.2 -> 32.9 us at 4096 x 6144, 84.6 -> 78.8
+// at 16384 x 4096 (80 registers, no spill; 4 blocks spill, 64 bytes or 2 blocks were slower).
+// dact+dbias stays at 3 blocks, 64 bytes (68.9 us, 75%: 2 or 4 blocks, 32 or 128 bytes were
+// equal or slower; with dy * x in place of its GELU derivative it takes 59.7 us, so the
+// derivative's arithmetic, not the loads, holds it under the plain cast).
+// AMD keeps the shapes of before those sweeps (3 and 2 blocks, 256 and 128 bytes): nothing was
 // measured there, and hipcc cannot fit these kernels in the registers of 4 resident 256-thread
 // blocks per CU (it reports the occupancy target missed).
 #if TE_PLATFORM_ROCM
 constexpr int kBlocksOneInput = 3, kBytesOneInput = 256, kBlocksDact = 2, kBytesDact = 128;
+constexpr int kBlocksOneInputSums = 2, kBytesOneInputSums = 128;
 #else
 constexpr int kBlocksOneInput = 4, kBytesOneInput = 32, kBlocksDact = 3, kBytesDact = 64;
+constexpr int kBlocksOneInputSums = 3, kBytesOneInputSums = 32;
 #endif
 
 template <class Producer, bool kSums>
 __host__ __device__ constexpr int min_blocks_per_sm() {
-  return Producer::kInputs == 1 ? (kSums ? 2 : kBlocksOneInput)
+  return Producer::kInputs == 1 ? (kSums ? kBlocksOneInputSums : kBlocksOneInput)
                                 : (Producer::kInputs == 2 && kSums ? kBlocksDact : 2);
 }
 
 template <class Producer, bool kSums>
 __host__ __device__ constexpr int load_budget_bytes() {
-  return Producer::kInputs == 1 ? (kSums ? 128 : kBytesOneInput)
+  return Producer::kInputs == 1 ? (kSums ? kBytesOneInputSums : kBytesOneInput)
                                 : (Producer::kInputs == 2 && kSums ? kBytesDact : 128);
 }
 
