@@ -429,6 +429,21 @@ def forward_casts_done(step: Optional[_Step], device: torch.device) -> None:
     step.casts_done = event
 
 
+def backward_casts_done(step: Optional[_Step], device: torch.device) -> bool:
+    """Called by a module's FP8 backward once it launched its last cast, before its GEMMs:
+    counts the backward as finished for the step (`_Step.backward_finished`), so that the
+    step's last backward starts the amax reduction and scale update from this point, beside its
+    GEMMs, rather than after them, where the end of the step waited for it. Returns whether it
+    counted (the caller then does not call backward_finished). Only steps that reduce their
+    amaxes over a group on a GPU take it (update_stream.beside_backward)."""
+    if (step is None or step.group is None or not step.recipe.reduce_amax
+            or device.type != "cuda" or torch.compiler.is_compiling()
+            or not update_stream.backward_after_last_cast):
+        return False
+    step.backward_finished()
+    return True
+
+
 # ----- NVIDIA TE's class-method view of the autocast state ---------------------------------------
 
 class FP8GlobalStateManager:

@@ -6,12 +6,15 @@ ranks take to reach it, with the SMs idle meanwhile; and nothing that runs after
 reads what the update writes (the casts that read the scales are done, the GEMMs read the
 scale_inv each cast made for its own output). Two points qualify (quantization.py):
 
-- the backward update, made when the step's last backward finishes: the rest of that backward
-  (the first layer's LayerNorm backward, the gradients' accumulation) runs beside it, and the
-  backward's stream waits for it when the backward ends (an autograd final callback). On two
-  H100s, the GPT block at TP=2 + SP replayed from graphs: the all-reduce, its copies and the
-  update (about 45 us in line) run under the LayerNorm backward, and the step takes about 0.05
-  ms less;
+- the backward update, made once the step's last backward launched its last cast
+  (`quantization.backward_casts_done`): the rest of that backward (its GEMMs, the first layer's
+  LayerNorm backward, the gradients' accumulation) runs beside it, and the backward's stream
+  waits for it when the backward ends (an autograd final callback). On two H100s, the GPT
+  block at TP=2 + SP replayed from graphs: the all-reduce, its copies and the update (about 45
+  us in line) run beside the backward, and the step takes about 0.05 ms less. Made after the
+  last backward's GEMMs instead, as before, it ran under the LayerNorm backward and outlasted
+  it: the step's end (a graph replay ends with its last node) waited about 30 us for it
+  (kernel timeline of one rank, two H200s);
 - the forward update, made when the outermost autocast exits: it starts instead after the last
   forward cast of the step (`quantization.forward_casts_done`, called by LayerNormMLP after its
   FC2 weight cast) beside the last GEMM, and the stream waits for it at the exit
@@ -33,6 +36,9 @@ from .module_parts import side_stream
 runs = {"beside_backward": 0, "after_event": 0}
 # the forward update started after the step's last forward cast (quantization.forward_casts_done)
 forward_after_last_cast = True
+# the backward update started after the last backward's last cast, before its GEMMs
+# (quantization.backward_casts_done), rather than when that backward finishes
+backward_after_last_cast = True
 
 
 def beside_backward(update: Callable[[], None], device: torch.device) -> None:

@@ -11,6 +11,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import quantization as q
 from ..library import gemm as _gemms
 from ..library.activation import bias_grad_of
 from ..library.cast import cast, cast_grad, record_amax
@@ -22,7 +23,7 @@ from ..module_parts.norm_args import check_normalization, param_for, reset_norm_
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
                                         start_gather_rows)
-from ..module_parts import side_stream
+from ..module_parts import side_stream, weight_cast_beside
 from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_amax_group,
                                                  fp8_gather_applies, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -85,12 +86,16 @@ class _LayerNormLinearFn(torch.autograd.Function):
         tp = module.norm_tp()
         tokens = x2d.shape[0] * (tp.size if tp.gather else 1)
         fp8 = fi.fp8 and tokens > 0
+        w8 = None
         if fp8:
             check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
+            w8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
+                module, weight, fi, 1, need_dgrad, is_first_microbatch))
         ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
-            wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            wq, wq_t, w_sinv = w8 or fp8_weight(module, weight, fi, 1, need_dgrad,
+                                                is_first_microbatch)
             # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
             # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
             if isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in):
@@ -144,6 +149,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
         fuse = module.fuse_wgrad_accumulation
         # dgrad first: its tensor-parallel reduction (pending) then runs under the wgrad GEMM
         pending = None
+        counted = False  # the step counted this backward as finished (backward_casts_done)
         nc = _fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute) if ctx.fp8 else None
         if nc is not None:  # cast of dy (+ bias gradient), dgrad, wgrad: one native call
             dln, dw, db = _fp8_step.fp8_backward(
@@ -153,6 +159,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
             pending = ctx.tp.start_reduce_grad(dln) if ctx.need_dgrad else None
         elif ctx.fp8:
             dyq, dyq_t, dy_sinv, db = cast_grad(fi, dy, ctx.need_wgrad, db_dtype)
+            counted = q.backward_casts_done(fi.step, dy.device)
             # the weight gradient runs under the end of dgrad's reduction (dgrad_and_reduce)
             wgrad = (lambda: _wgrad.weight_grad(module, ctx.weight, fuse, lambda: _gemms.wgrad_fp8(
                 ln_saved, ln_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, fuse))
@@ -185,7 +192,7 @@ class _LayerNormLinearFn(torch.autograd.Function):
                 dw, db = wgrads()
             if db_dtype is not None and db is None:
                 db = bias_grad_of(dy, db_dtype)
-        if fi.step is not None:
+        if fi.step is not None and not counted:
             fi.step.backward_finished()
         dx = dgamma = dbeta = None
         if ctx.need_dgrad:

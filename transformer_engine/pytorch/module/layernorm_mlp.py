@@ -33,7 +33,7 @@ from ..module_parts.norm_args import check_normalization, param_for, reset_norm_
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
                                         gemm_reduce_scatter, start_gather_rows)
-from ..module_parts import side_stream
+from ..module_parts import side_stream, weight_cast_beside
 from ..module_parts.sequence_parallel_fp8 import (PendingFP8Rows, arrived, fp8_gather_applies,
                                                    gather_fp8_grad)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -82,12 +82,13 @@ def _act_fp8(module, fi, h, activation, slot):
 def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp,
                  residual):
     act = module.activation
+    w1_8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
+        module, w1, fi, 1, need["dgrad"], is_first_microbatch))
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
-    w1q, w1q_t, w1_sinv = fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    w1q, w1q_t, w1_sinv = w1_8 or fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
     if isinstance(lnq, PendingFP8Rows) and fp8_blocks_fit(lnq):
-        # a sequence-parallel FP8 gather ran during FC1's cast and goes on under this rank's
-        # block of FC1 (gather_gemm.py)
+        # a sequence-parallel FP8 gather goes on under this rank's block of FC1 (gather_gemm.py)
         h = torch.empty((lnq.data.shape[0], w1q.shape[0]), dtype=dtype, device=x2d.device)
         lnq, lnq_t = gemm_over_gather(lnq, (h,), lambda rows, o: _gemms.fprop_fp8(
             w1q, w1_sinv, rows, ln_sinv, dtype, b1, out=o[0]))
@@ -279,6 +280,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
         # travels over the tensor-parallel group (pending) while both wgrad GEMMs run
         pending = None
         db1 = None
+        counted = False  # the step counted this backward as finished (backward_casts_done)
         # without a gradient below FC2 (need["fc1"] False) only FC2's weight and bias gradients
         # are made, on the checked ops, and FC2's transposed weight was never cast
         nc = (_fp8_step.plan_call(fi, dy, ctx.tp, module.delay_wgrad_compute)
@@ -307,6 +309,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                     da = _fc2_dgrad(ctx, w2_t, w2_sinv, dyq, dy_sinv)
             if need["fc1"]:
                 dhq, dhq_t, dh_sinv, db1 = _dact_fp8(ctx, da, h, need["w1"])
+            counted = q.backward_casts_done(fi.step, dy.device)
 
             def wgrads_fp8():  # (dw2, dw1), under the end of FC1 dgrad's reduction
                 return ((_wgrad.weight_grad(module, ctx.weights[1], fuse, lambda: _gemms.wgrad_fp8(
@@ -353,7 +356,7 @@ class _LayerNormMLPFn(torch.autograd.Function):
                 dw2, db2, dw1 = wgrads_hp()
             if db2_dtype is not None and db2 is None:
                 db2 = bias_grad_of(dy, db2_dtype)
-        if fi.step is not None:
+        if fi.step is not None and not counted:
             fi.step.backward_finished()
         if db2_rows is not None:
             db2 = db2_rows

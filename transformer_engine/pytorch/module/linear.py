@@ -10,6 +10,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import quantization as q
 from .. import distributed as dist_te
 from ..kernels import eager, linear_step
 from ..library import dispatch as K
@@ -24,7 +25,7 @@ from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_r
                                         start_gather_rows)
 from ..module_parts.input_check import check_fp8_dims
 from ..module_parts.nv_options import check_off
-from ..module_parts import side_stream
+from ..module_parts import side_stream, weight_cast_beside
 from ..module_parts.sequence_parallel_fp8 import (fp8_amax_group, fp8_gather_applies,
                                                    gather_fp8_grad, start_fp8_gather)
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
@@ -84,14 +85,17 @@ class _LinearFn(torch.autograd.Function):
                 y = _fp8_forward_fast(ctx, nc, module, fi, x2d, weight, bias, dtype, need_dgrad,
                                       need_wgrad, is_first_microbatch, r2d)
             elif sp is not None:
-                # this rank's rows cast with the shared scale, their bytes gathered while the
-                # weight is cast; the gathered rows' transpose serves wgrad
+                # the weight's cast, then this rank's rows cast with the shared scale and their
+                # bytes gathered under this rank's GEMM block; the gathered rows' transpose
+                # serves wgrad
+                w8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
+                    module, weight, fi, 1, need_dgrad, is_first_microbatch))
                 xq, _, x_sinv = cast(fi.rs, x2d, True, 0, False, fi.replay, fi.record,
                                      amax_group=fp8_amax_group(fi, sp))
                 pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True,
                                            transpose_beside=True)
-                wq, wq_t, w_sinv = fp8_weight(module, weight, fi, 1, need_dgrad,
-                                              is_first_microbatch)
+                wq, wq_t, w_sinv = w8 or fp8_weight(module, weight, fi, 1, need_dgrad,
+                                                    is_first_microbatch)
                 if fp8_blocks_fit(pending):  # the gather goes on under this rank's block
                     y = x2d.new_empty((tokens, out_features))
                     xq, xq_t = gemm_over_gather(pending, (y,), lambda rows, o: _gemms.fprop_fp8(
@@ -182,9 +186,11 @@ class _LinearFn(torch.autograd.Function):
         db = (bias_grad_of(dy, ctx.bias_dtype)
               if ctx.has_bias_grad and not fused_db and not native_db else None)
         dw_final = False  # True once dw is what autograd receives (see _wgrad)
+        counted = False  # the step counted this backward as finished (backward_casts_done)
         if ctx.fp8:
             if fp8_dy is not None:
                 dyq, dyq_t, dy_sinv, dx = fp8_dy
+                counted = q.backward_casts_done(fi.step, dy.device)
                 dw = (_wgrad.weight_grad(ctx.module, ctx.weight, ctx.fuse, lambda: _gemms.wgrad_fp8(
                     xq_t, x_sinv, dyq_t, dy_sinv, ctx.dtype, ctx.weight, ctx.fuse))
                       if ctx.need_wgrad else None)
@@ -210,7 +216,7 @@ class _LinearFn(torch.autograd.Function):
                 dw_final = True
         if not dw_final:
             dw = _wgrad.autograd_weight_grad(ctx.weight, dw, ctx.fuse)
-        if fi.step is not None:
+        if fi.step is not None and not counted:
             fi.step.backward_finished()
         if db_rows is not None:
             db = db_rows

@@ -174,6 +174,11 @@ def begin_gather(local: torch.Tensor, out: torch.Tensor, group_name: str) -> Beg
         # block takes them all
         ws.barrier(channel=1)  # both ranks' rows are in their workspaces
         theirs.copy_(ws.get_buffer(peer, local.shape, local.dtype, 0))
+        # each rank has read the other's workspace: free for the next pipeline, which the
+        # finish orders after this stream. Closed here, beside this rank's block, rather than
+        # on the caller's stream after both blocks, where the next kernel (the core attention
+        # after the QKV GEMM) waited for it
+        ws.barrier(channel=0)
     return BegunGather(ws, local, out[rank * rows:(rank + 1) * rows], theirs, rank, aside)
 
 
@@ -185,8 +190,7 @@ def _finish_gather_pair(begun: BegunGather, consume) -> None:
         with torch.cuda.stream(aside):
             consume(begun.theirs, 1 - begun.rank)
     begun.mine.copy_(begun.local)  # under the peer's block
-    current.wait_stream(aside)
-    begun.ws.barrier(channel=0)  # the peer has read this rank's workspace
+    current.wait_stream(aside)  # the peer's block, and the closing barrier before it
     transfers["gather_pair"] += 1
 
 
