@@ -79,6 +79,7 @@ def _switch(on: bool):
     from transformer_engine.pytorch import update_stream
     from transformer_engine.pytorch.module_parts import side_stream
     update_stream.forward_after_last_cast = side_stream.enabled = on
+    update_stream.backward_after_last_cast = on
     update_stream.beside_backward = _BESIDE if on else (lambda update, device: update())
 
 
@@ -98,11 +99,12 @@ def _body(graphed, rank, world, group):
     finally:
         _switch(True)
     errors = []
-    # eager: every step's updates, both gathers' transposes (QKV, FC1) of every step, the three
-    # weight casts of every step after the first (which makes the modules' FP8 states);
-    # graphed: the capture's at least
+    # eager: every step's updates (the backward's started at its last backward's last cast),
+    # both gathers' transposes (QKV, FC1) of every step, the three weight casts of every step
+    # after the first (which makes the modules' FP8 states); graphed: the capture's at least
     least = ({"beside_backward": 3, "after_event": 3, "side_transpose": 6,
-              "weight_casts_taken": 6} if not graphed else dict.fromkeys(taken, 1))
+              "weight_casts_taken": 6, "backward_after_cast": 3}
+             if not graphed else dict.fromkeys(taken, 1))
     least.pop("weight_casts_transposed_late", None)
     errors += [f"{k} taken {taken[k]} times" for k in least if taken[k] < least[k]]
     if taken["weight_casts_transposed_late"]:  # each cast beside comes with its transpose

@@ -441,6 +441,7 @@ def backward_casts_done(step: Optional[_Step], device: torch.device) -> bool:
             or not update_stream.backward_after_last_cast):
         return False
     step.backward_finished()
+    update_stream.runs["backward_after_cast"] += 1
     return True
 
 

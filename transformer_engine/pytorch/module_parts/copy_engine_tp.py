@@ -142,9 +142,11 @@ def produce_and_reduce_scatter(rows: int, cols: int, world: int, dtype: torch.dt
 # us; two H200s, kernel timeline, graphed GPT block at TP=2 + SP). Two H200s, GPT block at
 # TP=2 + SP replayed from CUDA graphs, same run, three repeats each: 4.499 -> 4.441 ms per BF16
 # step, 3.022 -> 2.957 ms per FP8 step. A gather begins when its rows are made, its barrier
-# queued before the caller's next kernels (the weight's cast, the first GEMM block): same run on
-# two H200s, four repeats each, 2.936 -> 2.913 ms per FP8 step (2.968 -> 2.938 in a second
-# run; BF16 4.428 either way; the same bits).
+# queued before the caller's next kernels (the first GEMM block): same run on two H200s, four
+# repeats each, 2.936 -> 2.913 ms per FP8 step (2.968 -> 2.938 in a second run; BF16 4.428
+# either way; the same bits). A weight cast made in line goes before the rows are made
+# (weight_cast_beside.cast_first): with the copy under it, cuBLASLt's memset before the first
+# block ran late.
 
 class BegunGather:
     """A two-rank gather under way (begin_gather): this rank's rows are in its workspace and
@@ -158,8 +160,8 @@ class BegunGather:
 
 def begin_gather(local: torch.Tensor, out: torch.Tensor, group_name: str) -> BegunGather | None:
     """Starts the gather of local into out on two CUDA ranks as soon as local is made, so that
-    its barrier and the peer's copy run under what the caller queues next (the weight's cast)
-    rather than in front of the first GEMM block; None elsewhere (gather_and_consume runs
+    its barrier and the peer's copy run under what the caller queues next (the first GEMM
+    block) rather than in front of it; None elsewhere (gather_and_consume runs
     torch's pipeline). The workspace stays this gather's until gather_and_consume finishes it:
     the caller runs no other pipeline on the group in between."""
     if not (local.is_cuda and out.shape[0] == 2 * local.shape[0]):

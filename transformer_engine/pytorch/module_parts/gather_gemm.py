@@ -18,8 +18,8 @@ the same results. NVTE_TP_OVERLAP=0 runs each GEMM whole next to its collective.
 Both gathers fit the column side: `PendingRows` (high precision, made here) and the FP8 one of
 sequence_parallel_fp8 (`PendingFP8Rows`); each holds this rank's rows (`local`), its rank and the
 gathered buffer (`data`), valid after `wait()`. A gather the copy engines move begins when
-its rows are made (on two ranks: copy_engine_tp.begin_gather), so that it runs under the
-weight's cast; gemm_over_gather runs the GEMM's blocks over it (a `wait()` finishes it alone).
+its rows are made (on two ranks: copy_engine_tp.begin_gather), so that it runs under this
+rank's block; gemm_over_gather runs the GEMM's blocks over it (a `wait()` finishes it alone).
 """
 from __future__ import annotations
 
