@@ -1,8 +1,11 @@
 """When the FP8 sequence-parallel step's side-stream work (module_parts/side_stream.py) applies:
 under CUDA-graph capture and under NVTE_TP_OVERLAP=1, never in eager calls under the other
-schedules (host-bound there), never off CUDA or while switched off. The work itself and its
-bit-equality with the in-line order are tested on two GPUs
+schedules (host-bound there), never off CUDA or while switched off; where a forward casts its
+weight (before the input's norm, unless a cast made beside waits) and when a backward starts
+the step's amax update (at its last cast, only for a reduction over a group on a GPU). The work
+itself and its bit-equality with the in-line order are tested on two GPUs
 (tests/distributed/test_fp8_step_overlap_nccl.py)."""
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -45,3 +48,64 @@ def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
             mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=capturing):
         expected = {"graphs": capturing, "": capturing, "1": True, "nccl": True, "0": False}[mode]
         assert gather_gemm._overlap() == expected
+
+
+@pytest.mark.parametrize("module_name", ["LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("made_beside", [False, True])
+def test_weight_cast_before_the_norm_unless_made_beside(module_name, made_beside):
+    # a weight the forward casts itself is cast before the input's norm (the sequence-parallel
+    # gather's copy then starts under the first GEMM block); one made beside is taken after
+    # the norm, which must not wait for it
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling
+    from transformer_engine.pytorch.module import base, layernorm_linear, layernorm_mlp
+    where = layernorm_linear if module_name == "LayerNormLinear" else layernorm_mlp
+    calls = []
+    cast_weight, make_norm = base.fp8_weight, layernorm_linear.norm_for_gemm
+
+    def weight(*args, **kwargs):
+        calls.append("weight")
+        return cast_weight(*args, **kwargs)
+
+    def norm(*args, **kwargs):
+        calls.append("norm")
+        return make_norm(*args, **kwargs)
+    torch.manual_seed(0)
+    module = getattr(te, module_name)(64, 32)
+    x = torch.randn(16, 64)
+    with te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()):
+        module(x)  # makes the module's FP8 state
+    if made_beside:  # a stale entry: taken after the norm, then refused, and the cast made there
+        module.__dict__["_fp8_weights_beside"] = {1: SimpleNamespace(weight=None)}
+    with mock.patch.object(where, "fp8_weight", weight), \
+            mock.patch.object(where, "norm_for_gemm", norm), \
+            te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()):
+        module(x)
+    assert calls[:2] == (["norm", "weight"] if made_beside else ["weight", "norm"])
+
+
+def test_backward_casts_done_counts_only_group_reductions_on_gpus():
+    # the backward update moves to the last backward cast only where it runs beside the
+    # backward (an amax reduction over a group, on a GPU); elsewhere the backward counts itself
+    # finished at its end as before
+    from transformer_engine.pytorch import quantization as q, update_stream
+    step = mock.Mock(group=object())
+    step.recipe.reduce_amax = True
+    cuda = torch.device("cuda", 0)
+    assert not q.backward_casts_done(None, cuda)
+    assert not q.backward_casts_done(step, torch.device("cpu"))
+    for group, reduce_amax in ((None, True), (object(), False)):
+        other = mock.Mock(group=group)
+        other.recipe.reduce_amax = reduce_amax
+        assert not q.backward_casts_done(other, cuda)
+        other.backward_finished.assert_not_called()
+    update_stream.backward_after_last_cast = False
+    try:
+        assert not q.backward_casts_done(step, cuda)
+    finally:
+        update_stream.backward_after_last_cast = True
+    step.backward_finished.assert_not_called()
+    before = update_stream.runs["backward_after_cast"]
+    assert q.backward_casts_done(step, cuda)
+    step.backward_finished.assert_called_once_with()
+    assert update_stream.runs["backward_after_cast"] == before + 1
