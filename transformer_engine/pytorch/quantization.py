@@ -414,15 +414,20 @@ def register_forward(state: RecipeState, expect_backward: bool = True) -> Option
     return step
 
 
+def _reduces_on_gpu(step: Optional[_Step], device: torch.device) -> bool:
+    """Whether the step reduces its amaxes over a group on a GPU, outside a traced graph: the
+    steps whose updates may start after a last cast (forward_casts_done, backward_casts_done)."""
+    return (step is not None and step.group is not None and step.recipe.reduce_amax
+            and device.type == "cuda" and not torch.compiler.is_compiling())
+
+
 def forward_casts_done(step: Optional[_Step], device: torch.device) -> None:
     """Called by a module's FP8 forward (`step`: its FP8CallInfo's) once it launched its last
     cast: when no other module's forward registers with the step before the autocast exits, the
     step's forward amax reduction and scale update start from that point, beside the module's
     last GEMM, instead of at the exit (update_stream.after_event). Only steps that reduce their
     amaxes over a group on a GPU take it."""
-    if (step is None or step.group is None or not step.recipe.reduce_amax
-            or device.type != "cuda" or torch.compiler.is_compiling()
-            or not update_stream.forward_after_last_cast):
+    if not (update_stream.forward_after_last_cast and _reduces_on_gpu(step, device)):
         return
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
@@ -436,9 +441,7 @@ def backward_casts_done(step: Optional[_Step], device: torch.device) -> bool:
     GEMMs, rather than after them, where the end of the step waited for it. Returns whether it
     counted (the caller then does not call backward_finished). Only steps that reduce their
     amaxes over a group on a GPU take it (update_stream.beside_backward)."""
-    if (step is None or step.group is None or not step.recipe.reduce_amax
-            or device.type != "cuda" or torch.compiler.is_compiling()
-            or not update_stream.backward_after_last_cast):
+    if not (update_stream.backward_after_last_cast and _reduces_on_gpu(step, device)):
         return False
     step.backward_finished()
     update_stream.runs["backward_after_cast"] += 1

@@ -89,13 +89,14 @@ class _LayerNormLinearFn(torch.autograd.Function):
         w8 = None
         if fp8:
             check_fp8_dims(type(module).__name__, tokens, in_features, out_features)
-            w8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
-                module, weight, fi, 1, need_dgrad, is_first_microbatch))
+
+            def cast_weight():
+                return fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+            w8 = weight_cast_beside.cast_first(module, 1, cast_weight)
         ln_out, gemm_in, gemm_in_t, ln_sinv, mu, rsigma = norm_for_gemm(
             module, x2d, g, b, fi, fp8, need_wgrad, return_ln_out, tp)
         if fp8:
-            wq, wq_t, w_sinv = w8 or fp8_weight(module, weight, fi, 1, need_dgrad,
-                                                is_first_microbatch)
+            wq, wq_t, w_sinv = w8 or cast_weight()
             # the norm wrote the GEMM's FP8 input and its transpose: the forward's FP8 step is
             # this one GEMM (the plan's forward would add only the weight's cast, a call of its own)
             if isinstance(gemm_in, PendingFP8Rows) and fp8_blocks_fit(gemm_in):

@@ -82,11 +82,12 @@ def _act_fp8(module, fi, h, activation, slot):
 def _forward_fp8(module, fi, x2d, g, b, w1, b1, w2, b2, dtype, is_first_microbatch, need, tp,
                  residual):
     act = module.activation
-    w1_8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
-        module, w1, fi, 1, need["dgrad"], is_first_microbatch))
+    def cast_w1():
+        return fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    w1_8 = weight_cast_beside.cast_first(module, 1, cast_w1)
     ln_out, lnq, lnq_t, ln_sinv, mu, rsigma = norm_for_gemm(
         module, x2d, g, b, fi, True, need["w1"], module.return_layernorm_output, tp)
-    w1q, w1q_t, w1_sinv = w1_8 or fp8_weight(module, w1, fi, 1, need["dgrad"], is_first_microbatch)
+    w1q, w1q_t, w1_sinv = w1_8 or cast_w1()
     if isinstance(lnq, PendingFP8Rows) and fp8_blocks_fit(lnq):
         # a sequence-parallel FP8 gather goes on under this rank's block of FC1 (gather_gemm.py)
         h = torch.empty((lnq.data.shape[0], w1q.shape[0]), dtype=dtype, device=x2d.device)

@@ -88,14 +88,14 @@ class _LinearFn(torch.autograd.Function):
                 # the weight's cast, then this rank's rows cast with the shared scale and their
                 # bytes gathered under this rank's GEMM block; the gathered rows' transpose
                 # serves wgrad
-                w8 = weight_cast_beside.cast_first(module, 1, lambda: fp8_weight(
-                    module, weight, fi, 1, need_dgrad, is_first_microbatch))
+                def cast_weight():
+                    return fp8_weight(module, weight, fi, 1, need_dgrad, is_first_microbatch)
+                w8 = weight_cast_beside.cast_first(module, 1, cast_weight)
                 xq, _, x_sinv = cast(fi.rs, x2d, True, 0, False, fi.replay, fi.record,
                                      amax_group=fp8_amax_group(fi, sp))
                 pending = start_fp8_gather(xq, sp, need_wgrad, async_op=True,
                                            transpose_beside=True)
-                wq, wq_t, w_sinv = w8 or fp8_weight(module, weight, fi, 1, need_dgrad,
-                                                    is_first_microbatch)
+                wq, wq_t, w_sinv = w8 or cast_weight()
                 if fp8_blocks_fit(pending):  # the gather goes on under this rank's block
                     y = x2d.new_empty((tokens, out_features))
                     xq, xq_t = gemm_over_gather(pending, (y,), lambda rows, o: _gemms.fprop_fp8(
