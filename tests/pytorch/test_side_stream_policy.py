@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from transformer_engine.pytorch.module_parts import side_stream
+from utils import DEVICES, randn
 
 
 class _OnGPU:
@@ -50,9 +51,10 @@ def test_row_blocks_under_graphs_only_in_captures(mode, capturing):
         assert gather_gemm._overlap() == expected
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("module_name", ["LayerNormLinear", "LayerNormMLP"])
 @pytest.mark.parametrize("made_beside", [False, True])
-def test_weight_cast_before_the_norm_unless_made_beside(module_name, made_beside):
+def test_weight_cast_before_the_norm_unless_made_beside(module_name, made_beside, device):
     # a weight the forward casts itself is cast before the input's norm (the sequence-parallel
     # gather's copy then starts under the first GEMM block); one made beside is taken after
     # the norm, which must not wait for it
@@ -71,8 +73,8 @@ def test_weight_cast_before_the_norm_unless_made_beside(module_name, made_beside
         calls.append("norm")
         return make_norm(*args, **kwargs)
     torch.manual_seed(0)
-    module = getattr(te, module_name)(64, 32)
-    x = torch.randn(16, 64)
+    module = getattr(te, module_name)(64, 32, device=device)
+    x = randn((16, 64), torch.float32, device, seed=1)
     with te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()):
         module(x)  # makes the module's FP8 state
     if made_beside:  # a stale entry: taken after the norm, then refused, and the cast made there
