@@ -1,6 +1,7 @@
 """Bad input is refused at the public module's entry, with an error that names the module and
 its argument: non-float inputs of the modules, and thd cu_seqlens that are not cumulative
-lengths within the tokens (decreasing, not starting at 0, past the end, wrong dtype or device)."""
+lengths within the tokens (decreasing, not starting at 0, past the end, wrong dtype or device);
+an input on another device than the module's parameters."""
 import pytest
 import torch
 
@@ -60,3 +61,51 @@ def test_thd_cu_seqlens_dtype_and_device(device):
         with pytest.raises(ValueError, match="DotProductAttention: cu_seqlens_kv is on cpu; "
                                              "expected the device of the tokens"):
             dpa(q, q, q, cu_seqlens_q=good, cu_seqlens_kv=good.cpu())
+
+
+
+def _linear_callables(device):
+    """(callable of x, the start of its error for an input on another device) for the modules
+    with GEMMs and te.ops.Linear made on device, each taking a [32, 32] input."""
+    grouped = te.GroupedLinear(2, 32, 48, device=device)
+    return [(te.Linear(32, 48, device=device), "te.Linear: inp is on {} but weight is on "),
+            (te.LayerNormLinear(32, 48, device=device),
+             "te.LayerNormLinear: inp is on {} but layer_norm_weight is on "),
+            (te.LayerNormMLP(32, 48, device=device),
+             "te.LayerNormMLP: inp is on {} but layer_norm_weight is on "),
+            (lambda x: grouped(x, [16, 16]), "te.GroupedLinear: inp is on {} but weight0 is on "),
+            (te.ops.Linear(32, 48, device=device),
+             r"transformer_engine.pytorch.ops.BasicLinear: input is on {}; expected \w+, where "
+             "the operation's parameters are")]
+
+
+def _other_device(device):
+    # the meta device stands in for a GPU on a CPU-only machine: no kernel may run on it either
+    return "cpu" if device == "cuda" else "meta"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [None, te.recipe.DelayedScaling(),
+                                    te.recipe.Float8CurrentScaling()],
+                         ids=["hp", "delayed", "current"])
+def test_input_on_another_device_than_the_parameters(device, recipe):
+    """An input on another device than the module's parameters is refused before any kernel
+    runs, naming the module, both devices and the parameter, in high precision and FP8 (the
+    direct calls hand the kernels raw addresses: a GPU kernel given the host's faults, which
+    ends the process's CUDA context). The module then runs on its own device as before."""
+    fp8 = recipe is not None
+    for module, error in _linear_callables(_other_device(device)):
+        x = randn((32, 32), torch.float32, device, seed=3)
+        with pytest.raises(ValueError, match="^" + error.format(x.device)):
+            with te.autocast(enabled=fp8, recipe=recipe):
+                module(x)
+    for module, error in _linear_callables(device):
+        wrong = randn((32, 32), torch.float32, _other_device(device), seed=4)
+        with te.autocast(enabled=fp8, recipe=recipe):
+            with pytest.raises(ValueError, match="^" + error.format(wrong.device)):
+                module(wrong)
+            y = module(randn((32, 32), torch.float32, device, seed=5).requires_grad_(True))
+        y.float().sum().backward()
+        assert torch.isfinite(y).all(), error
+    if device == "cuda":
+        torch.cuda.synchronize()  # no kernel ran on the wrong device's addresses

@@ -23,7 +23,7 @@ from ..library.activation import bias_grad_of
 from ..library.cast import cast, record_amax
 from ..module_parts import (blockwise as _blockwise, original_input as _original_input,
                            parallel as _parallel, wgrad as _wgrad)
-from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.input_check import check_fp8_dims, check_on_input_device
 from ..module_parts.nv_options import check_off
 from .base import (TransformerEngineBaseModule, default_device, default_init_method, fp8_weight,
                    hp_weight)
@@ -373,6 +373,7 @@ class GroupedLinear(TransformerEngineBaseModule):
             shape = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
             raise ValueError(f"{_NAME}.forward: inp has shape {shape}; expected [..., "
                              f"{self.in_features}] (in_features)")
+        check_on_input_device("te.GroupedLinear", inp, self._parameters.items())
         rows = inp.numel() // self.in_features
         splits = _check_splits(m_splits, self.num_gemms, rows)
         dtype = self.activation_dtype(inp)

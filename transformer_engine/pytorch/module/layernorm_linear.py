@@ -18,7 +18,7 @@ from ..library.cast import cast, cast_grad, record_amax
 from ..library.normalization import norm_backward, norm_fp8, norm_hp
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            parallel as _parallel, wgrad as _wgrad)
-from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.input_check import check_fp8_dims, check_on_input_device
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
@@ -451,6 +451,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"LayerNormLinear: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.in_features} (in_features)")
+        check_on_input_device("te.LayerNormLinear", inp, self._parameters.items())
         weight, bias = self._weight_and_bias()
         dtype = self.activation_dtype(inp)
         recipe = _blockwise.active()

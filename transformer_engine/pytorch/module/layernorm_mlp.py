@@ -28,7 +28,7 @@ from ..library.cast import cast, cast_grad, cast_scale, record_amax, record_scal
 from ..library.normalization import norm_backward
 from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_step,
                            parallel as _parallel, wgrad as _wgrad)
-from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.input_check import check_fp8_dims, check_on_input_device
 from ..module_parts.norm_args import check_normalization, param_for, reset_norm_params
 from ..module_parts.nv_options import check_off
 from ..module_parts.gather_gemm import (PendingRows, fp8_blocks_fit, gemm_over_gather,
@@ -653,6 +653,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNormMLP: input has shape {tuple(inp.shape)}; expected last "
                              f"dimension {self.hidden_size} (hidden_size)")
+        check_on_input_device("te.LayerNormMLP", inp, self._parameters.items())
         parallel = self.set_parallel_mode and self.tp_size > 1
         # an input of another dtype than the GEMMs' output keeps torch's type promotion: added after
         fused = _add_input and inp.dtype == self.activation_dtype(inp)

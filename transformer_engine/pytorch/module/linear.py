@@ -23,7 +23,7 @@ from ..module_parts import (blockwise as _blockwise, fp8_step_backward as _fp8_s
                            wgrad as _wgrad)
 from ..module_parts.gather_gemm import (fp8_blocks_fit, gemm_over_gather, gemm_reduce_scatter,
                                         start_gather_rows)
-from ..module_parts.input_check import check_fp8_dims
+from ..module_parts.input_check import check_fp8_dims, check_on_input_device
 from ..module_parts.nv_options import check_off
 from ..module_parts import side_stream, weight_cast_beside
 from ..module_parts.sequence_parallel_fp8 import (fp8_amax_group, fp8_gather_applies,
@@ -684,6 +684,7 @@ class Linear(TransformerEngineBaseModule):
         if inp.shape[-1] != weight.shape[1]:
             raise ValueError(f"Linear: input has shape {tuple(inp.shape)}; expected last dimension "
                              f"{weight.shape[1]} (in_features)")
+        check_on_input_device("te.Linear", inp, (("weight", weight), ("bias", bias)))
         # the parallel layout's checks come before any FP8 step bookkeeping (fp8_call_info)
         if self.parallel_mode == "row":
             _parallel.check_row_input(inp, self.tp_group, self.tp_size, self.sequence_parallel)

@@ -28,3 +28,17 @@ def check_fp8_dims(who: str, tokens: int, *dims: int) -> None:
         raise ValueError(f"{who}: FP8 needs the token count (prod of the input's leading dims) and "
                          f"the feature sizes to be multiples of 16; got tokens={tokens}, "
                          f"features={list(dims)}. Pad the batch or run this module outside fp8_autocast.")
+
+
+def check_on_input_device(who: str, inp: torch.Tensor, named_tensors) -> None:
+    """Raises ValueError when a (name, tensor) of named_tensors (the parameters a call reads; None
+    entries skipped) is not on inp's device. The eager direct calls hand the kernels raw
+    addresses, checking only the input's device: a GPU kernel given a host or another device's
+    address faults, and the fault ends the process's CUDA context. Two integer reads per
+    tensor: cheap enough for every call."""
+    index, meta = inp.get_device(), inp.is_meta
+    for name, t in named_tensors:
+        if t is not None and (t.get_device() != index or t.is_meta != meta):
+            raise ValueError(f"{who}: inp is on {inp.device} but {name} is on {t.device}; move the "
+                             f"input to the module's device, or the module to the input's "
+                             f"(module.to('{inp.device}'))")
