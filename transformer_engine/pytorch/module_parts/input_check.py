@@ -1,6 +1,7 @@
-"""The first check of a module call: its input is a floating-point tensor. Made at the module's
-entry so that the error names the module and its argument (te.Linear: inp), not the first
-internal op that would have refused the tensor."""
+"""The first checks of a module call: its input is a floating-point tensor, on the device of
+the parameters the call reads. Made at the module's entry so that the error names the module and
+its argument (te.Linear: inp), not the first internal op that would have refused the tensor (or,
+on the eager direct path, a kernel that read another device's memory)."""
 from __future__ import annotations
 
 import torch
