@@ -10,6 +10,8 @@
 #   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below); SANITIZE_TOOLS="initcheck ..." picks tools
 #   XDIST=N ...      N pytest-xdist workers spread over the visible GPUs (tests/gpu_spread.py),
 #                    each result named as it lands (-v); needs pytest-xdist; not for tests/distributed
+# Every pytest run synchronises the GPU after each test (tests/gpu_sync.py): an asynchronous CUDA
+# error fails the test that caused it and stops its process (an xdist worker is replaced).
 #   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
 #                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
 #                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
@@ -65,12 +67,15 @@ TE_LIB_DIR=$($PY -c "import os, transformer_engine as t; print(os.path.dirname(t
 # the NCCL suites (tests/distributed) belong to the GPUS=2 mode: run in the same pytest process
 # before tests/pytorch/test_graph.py on a two-GPU machine, they have left its captures failing
 pytest_target=${PYTEST_ARGS:-tests --ignore=tests/distributed}
+# tests/ on the path for the plugins: gpu_sync (an asynchronous CUDA error is pinned on the test
+# that launched it, and its process stops rather than failing every later test) and gpu_spread
+export PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 spread=()
 if [ "${XDIST:-0}" -gt 0 ]; then
-  export TE_TEST_SPREAD_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l) PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+  export TE_TEST_SPREAD_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
   spread=(-n "$XDIST" -p gpu_spread -vv)  # with the -q below: one line per test, named
 fi
-step pytest $PY -m pytest -q -rs -p no:cacheprovider "${spread[@]}" $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
+step pytest $PY -m pytest -q -rs -p no:cacheprovider -p gpu_sync "${spread[@]}" $pytest_target 2>&1 | tee "$OUT/pytest.log" | tail -25
 
 if [ "${SKIP_CPP:-0}" != 1 ]; then
   step cpp-build bash -c "cmake -S tests/cpp -B build/cpp -GNinja -DTE_LIB_DIR=$TE_LIB_DIR -DCMAKE_CUDA_ARCHITECTURES=${NVTE_CUDA_ARCHS} > $OUT/cpp.log 2>&1 && cmake --build build/cpp >> $OUT/cpp.log 2>&1" || tail -30 "$OUT/cpp.log"
