@@ -80,6 +80,40 @@ def test_delay_wgrad_compute(device, module, recipe, fuse):
     assert calls == [1]
 
 
+def _bad_main_grad(p, bad, device):
+    if bad == "shape":  # one row short: the GEMM would write past its end
+        return randn((p.shape[0] - 1, p.shape[1]), torch.float32, device, seed=6)
+    if bad == "strided":
+        return randn((p.shape[1], p.shape[0]), torch.float32, device, seed=6).t()
+    if bad == "dtype":
+        return randn(p.shape, torch.float32, device, seed=6).double()
+    # another device: the host's memory for a GPU weight (meta stands in on a CPU-only machine)
+    return randn(p.shape, torch.float32, "cpu" if device == "cuda" else "meta", seed=6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("recipe", ["none", "delayed", "current"])
+@pytest.mark.parametrize("bad", ["shape", "strided", "dtype", "device"])
+def test_fuse_wgrad_accumulation_refuses_a_main_grad_it_cannot_add_into(device, module, recipe,
+                                                                         bad):
+    """main_grad must be a contiguous fp32 / bf16 / fp16 tensor of the weight's shape on the
+    weight's device: the wgrad GEMM adds into it by address. Anything else is refused in the
+    backward with an error naming weight.main_grad, before the GEMM runs."""
+    dtype = torch.bfloat16
+    m = _make(module, dtype, device, fuse_wgrad_accumulation=True)
+    for _, p in _weights(m):
+        p.main_grad = _bad_main_grad(p, bad, device)
+    x = randn((48, 32), dtype, device, seed=1)
+    g = randn((48, 48 if module != "LayerNormMLP" else 32), dtype, device, seed=2)
+    with pytest.raises(ValueError, match=r"weight\.main_grad is a .*; expected a contiguous "
+                                         r"float32 \(or bfloat16 / float16\) tensor of the "
+                                         r"weight's shape"):
+        _run(m, module, x, g, recipe)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("recipe", ["none", "delayed", "block", "current_override"])

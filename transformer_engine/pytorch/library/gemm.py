@@ -71,15 +71,29 @@ def dgrad_fp8(wq_t, w_sinv, dyq, dy_sinv, out_dtype, out=None):
                                      B_scale_inv=dy_sinv).out)
 
 
-def wgrad_out(weight, fuse_wgrad_accumulation: bool):
-    """(out buffer, accumulate) for the weight gradient: main_grad when fused, else new."""
-    if fuse_wgrad_accumulation:
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
-            raise ValueError("fuse_wgrad_accumulation=True needs weight.main_grad (an fp32 tensor of "
-                             "the weight's shape) to accumulate into; set it before backward")
-        return main_grad, True
-    return None, False
+_MAIN_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def wgrad_out(weight, fuse_wgrad_accumulation: bool, who: str = "fuse_wgrad_accumulation=True"):
+    """(out buffer, accumulate) for the weight gradient: main_grad when fused, else new.
+    main_grad must be a contiguous tensor of the weight's shape and device (fp32, or bf16 /
+    fp16): the direct path's wgrad GEMM adds into it by address, so a smaller or strided buffer
+    would be written past its end, and another device's would fault. who: the public module,
+    for the error."""
+    if not fuse_wgrad_accumulation:
+        return None, False
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise ValueError(f"{who}: fuse_wgrad_accumulation=True needs weight.main_grad (an fp32 "
+                         f"tensor of the weight's shape) to accumulate into; set it before backward")
+    if (main_grad.shape != weight.shape or not main_grad.is_contiguous()
+            or main_grad.dtype not in _MAIN_GRAD_DTYPES
+            or main_grad.device != weight.device):
+        raise ValueError(f"{who}: weight.main_grad is a {'contiguous ' if main_grad.is_contiguous() else 'strided '}"
+                         f"{str(main_grad.dtype)[6:]} tensor of shape {tuple(main_grad.shape)} on "
+                         f"{main_grad.device}; expected a contiguous float32 (or bfloat16 / float16) "
+                         f"tensor of the weight's shape {tuple(weight.shape)} on {weight.device}")
+    return main_grad, True
 
 
 def wgrad_fp8(xq_t, x_sinv, dyq_t, dy_sinv, out_dtype, weight, fuse):
@@ -112,12 +126,6 @@ def wgrad_hp(x2d, dy2d, weight, fuse, out_features: int, in_features: int):
     res = K.general_gemm(x2d, dy2d, out.dtype if out is not None else dy2d.dtype, layout="NT",
                            out=out, accumulate=acc).out
     return None if fuse else res
-
-
-# The wgrad GEMM's bias-gradient epilogue (BGRADB) saves a launch, not a pass over dY: cuBLASLt
-# runs it as a second kernel, and a slower one than a plain column sum (H100, dY 16384 x 16384
-# bf16: 0.30 ms against 0.18 ms for torch's sum, which is at copy bandwidth). It therefore
-# serves only small gradients, where the launch (host time) is what costs.
 
 
 # The wgrad GEMM's bias-gradient epilogue (BGRADB) saves a launch, not a pass over dY: cuBLASLt

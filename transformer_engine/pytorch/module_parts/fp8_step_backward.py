@@ -14,14 +14,10 @@ from . import wgrad as _wgrad
 
 
 def main_grad_of(who: str, weight, out_features: int, in_features: int):
-    """weight.main_grad, the fp32 buffer that the plan's wgrad GEMM adds into: it must be a
-    contiguous [out_features, in_features] tensor (the GEMM writes it by address)."""
-    main_grad = wgrad_out(weight, True)[0]
-    if main_grad.shape != (out_features, in_features) or not main_grad.is_contiguous():
-        raise ValueError(f"{who}: weight.main_grad has shape {tuple(main_grad.shape)} "
-                         f"(contiguous: {main_grad.is_contiguous()}); expected a contiguous "
-                         f"[{out_features}, {in_features}] tensor to accumulate into")
-    return main_grad
+    """weight.main_grad, the buffer that the plan's wgrad GEMM adds into (checked by
+    library/gemm.wgrad_out: the weight's shape [out_features, in_features], contiguous, on its
+    device)."""
+    return wgrad_out(weight, True, who)[0]
 
 
 def given_operands_plan(nc, rs, tokens, in_features, out_features, dtype, wq_t, need_dgrad,
