@@ -109,3 +109,44 @@ def test_input_on_another_device_than_the_parameters(device, recipe):
         assert torch.isfinite(y).all(), error
     if device == "cuda":
         torch.cuda.synchronize()  # no kernel ran on the wrong device's addresses
+
+
+class _OnGPU1(torch.Tensor):
+    """A CPU tensor that says it is on cuda:1 (what call_checked reads)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+    def get_device(self):
+        return 1
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_a_call_runs_with_the_inputs_gpu_current(monkeypatch, current):
+    # an input on another GPU than the current one: the call runs inside torch.cuda.device of
+    # the input's; on the current GPU, as it is (the GPU itself: tests/distributed)
+    from transformer_engine.pytorch.module_parts import input_check
+    entered = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+
+    monkeypatch.setattr(input_check, "_current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    x = torch.ones(2, 4).as_subclass(_OnGPU1)
+    seen = []
+    out = input_check.call_checked(torch.nn.Identity(), "inp",
+                                   lambda m, *a, **k: seen.append(list(entered)) or "y", (x,), {})
+    assert out == "y"
+    if current == 1:
+        assert entered == [] and seen == [[]]
+    else:
+        assert seen == [[1]] and entered == [1, "exit"]

@@ -7,6 +7,7 @@ forward update waits in `_DEFERRED` until a read of a forward scale or the step'
 backward runs it)."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import List, Optional
 
@@ -384,8 +385,13 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
         # runs once or twice per training step: kept free of per-call imports and property lookups)
         desc = _native_groups(states, forward, also_forward)
         if desc:
-            native.native_for_torch().delayed_scaling_update(
-                desc, code, float(recipe.margin), native.stream_handle(states[0].device.index))
+            device = states[0].device
+            # the launch goes to the current device: the states' own when they are on another
+            # (a model on a GPU that is not current: module_parts/input_check.call_checked)
+            with (torch.cuda.device(device) if device.type == "cuda"
+                  and device.index != torch.cuda.current_device() else contextlib.nullcontext()):
+                native.native_for_torch().delayed_scaling_update(
+                    desc, code, float(recipe.margin), native.stream_handle(device.index))
         return
     for fwd in directions:
         groups = [s.scaling_groups()[0 if fwd else 1] for s in states]

@@ -16,9 +16,24 @@ def check_float_input(module: torch.nn.Module, arg: str, x) -> None:
                          f"(float32, float16 or bfloat16)")
 
 
+# the current CUDA device's index (torch's raw query; torch.cuda.current_device() wraps it)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs):
-    """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword)."""
-    check_float_input(module, arg, args[0] if args else kwargs.get(arg))
+    """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword).
+
+    An input on another GPU than the current one runs with that GPU made current for the call,
+    as torch's own ops do: the native calls launch on the current device, with the stream and
+    addresses of the input's, which on a device that cannot reach the other's memory faults.
+    (The backward needs nothing: autograd runs it on the device's own thread, that device
+    current.)"""
+    x = args[0] if args else kwargs.get(arg)
+    check_float_input(module, arg, x)
+    if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
+            and _current_device is not None and x.get_device() != _current_device()):
+        with torch.cuda.device(x.get_device()):
+            return nn_call(module, *args, **kwargs)
     return nn_call(module, *args, **kwargs)
 
 

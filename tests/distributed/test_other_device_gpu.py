@@ -1,0 +1,82 @@
+"""A module on a GPU other than the current one (model.to('cuda:1') without
+torch.cuda.set_device(1)) gives the bits of the same module on the current GPU, forward and
+every gradient, in high precision and FP8 (TransformerLayer within the tolerance table: its
+attention backward may sum in any order): its call runs with the input's GPU current
+(module_parts/input_check.call_checked). One process, two GPUs; the GPUS=2 mode of
+.ci/gpu_verify.sh runs it."""
+import copy
+
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe as te_recipe
+from tolerances import tols
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _make(name):
+    if name == "Linear":
+        return te.Linear(64, 96, params_dtype=torch.bfloat16, device="cuda:0")
+    if name == "LayerNormLinear":
+        return te.LayerNormLinear(64, 96, params_dtype=torch.bfloat16, device="cuda:0")
+    if name == "LayerNormMLP":
+        return te.LayerNormMLP(64, 128, params_dtype=torch.bfloat16, device="cuda:0")
+    return te.TransformerLayer(64, 128, 4, params_dtype=torch.bfloat16, device="cuda:0",
+                               hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def _step(module, x, dy, recipe):
+    x = x.clone().requires_grad_(True)
+    with te.autocast(enabled=recipe is not None, recipe=recipe):
+        y = module(x)
+    y.backward(dy)
+    grads = [p.grad for _, p in sorted(module.named_parameters())]
+    return [t.cpu() for t in [y, x.grad] + grads]
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("name", ["Linear", "LayerNormLinear", "LayerNormMLP", "TransformerLayer"])
+@pytest.mark.parametrize("recipe", [None, te_recipe.DelayedScaling(),
+                                    te_recipe.Float8CurrentScaling()],
+                         ids=["bf16", "delayed", "current"])
+def test_module_on_a_gpu_that_is_not_current(name, recipe):
+    torch.cuda.set_device(0)
+    torch.manual_seed(5)
+    here = _make(name)
+    there = copy.deepcopy(here).to("cuda:1")
+    shape = (32, 2, 64) if name == "TransformerLayer" else (64, 64)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    dy = torch.randn(shape if name != "Linear" and name != "LayerNormLinear" else (64, 96),
+                     generator=gen).to(torch.bfloat16)
+    for _ in range(2):  # the second step reads the first's delayed scales
+        want = _step(here, x.to("cuda:0"), dy.to("cuda:0"), recipe)
+        got = _step(there, x.to("cuda:1"), dy.to("cuda:1"), recipe)
+        assert torch.cuda.current_device() == 0
+        for i, (a, b) in enumerate(zip(got, want)):
+            _same(name, a, b, i)
+        for p in list(here.parameters()) + list(there.parameters()):
+            p.grad = None
+    if recipe is not None:
+        # no backward follows: the delayed update runs at the autocast's exit, outside any call
+        with torch.no_grad(), te.autocast(recipe=recipe):
+            want = here(x.to("cuda:0")).cpu()
+            got = there(x.to("cuda:1")).cpu()
+        _same(name, got, want, "inference")
+        for m0, m1 in zip(here.modules(), there.modules()):
+            s0, s1 = getattr(m0, "_fp8_state", None), getattr(m1, "_fp8_state", None)
+            assert (s0 is None) == (s1 is None)
+            if s0 is not None and s0.delayed:
+                assert torch.equal(s0.scale_fwd.cpu(), s1.scale_fwd.cpu()), type(m0).__name__
+    torch.cuda.synchronize(1)
+
+
+def _same(name, a, b, what):
+    if name == "TransformerLayer":  # the attention backward may sum in any order
+        torch.testing.assert_close(a, b, **tols(a.dtype))
+    else:
+        assert torch.equal(a, b), (name, what)
