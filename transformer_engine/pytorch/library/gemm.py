@@ -89,10 +89,11 @@ def wgrad_out(weight, fuse_wgrad_accumulation: bool, who: str = "fuse_wgrad_accu
     if (main_grad.shape != weight.shape or not main_grad.is_contiguous()
             or main_grad.dtype not in _MAIN_GRAD_DTYPES
             or main_grad.device != weight.device):
-        raise ValueError(f"{who}: weight.main_grad is a {'contiguous ' if main_grad.is_contiguous() else 'strided '}"
-                         f"{str(main_grad.dtype)[6:]} tensor of shape {tuple(main_grad.shape)} on "
-                         f"{main_grad.device}; expected a contiguous float32 (or bfloat16 / float16) "
-                         f"tensor of the weight's shape {tuple(weight.shape)} on {weight.device}")
+        layout = "contiguous" if main_grad.is_contiguous() else "strided"
+        raise ValueError(f"{who}: weight.main_grad is a {layout} {str(main_grad.dtype)[6:]} tensor "
+                         f"of shape {tuple(main_grad.shape)} on {main_grad.device}; expected a "
+                         f"contiguous float32 (or bfloat16 / float16) tensor of the weight's shape "
+                         f"{tuple(weight.shape)} on {weight.device}")
     return main_grad, True
 
 
