@@ -10,12 +10,13 @@
 #   SKIP_SANITIZE=1 ... no compute-sanitizer pass (see below); SANITIZE_TOOLS="initcheck ..." picks tools
 #   XDIST=N ...      N pytest-xdist workers spread over the visible GPUs (tests/gpu_spread.py),
 #                    each result named as it lands (-v); needs pytest-xdist; not for tests/distributed
-# Every pytest run synchronises the GPU after each test (tests/gpu_sync.py): an asynchronous CUDA
-# error fails the test that caused it and stops its process (an xdist worker is replaced).
 #   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
 #                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
 #                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 #                    NVSHMEM_DISABLE_NVLS=1)
+#
+# Every pytest run synchronises the GPU after each test (tests/gpu_sync.py): an asynchronous CUDA
+# error fails the test that caused it and stops its process (an xdist worker is replaced).
 #
 # compute-sanitizer: memcheck, racecheck, synccheck and initcheck, each over the C API tests
 # (CPP_FILTER) and over a small pytest kernel subset (SANITIZE_PYTEST; "none": the C API tests

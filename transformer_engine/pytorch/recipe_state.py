@@ -386,10 +386,10 @@ def _update_delayed(states: List[RecipeState], recipe, group, forward: bool,
         desc = _native_groups(states, forward, also_forward)
         if desc:
             device = states[0].device
-            # the launch goes to the current device: the states' own when they are on another
-            # (a model on a GPU that is not current: module_parts/input_check.call_checked)
-            with (torch.cuda.device(device) if device.type == "cuda"
-                  and device.index != torch.cuda.current_device() else contextlib.nullcontext()):
+            # the launch goes to the current device: made the states' own, which a model on a GPU
+            # that is not current does not have (module_parts/input_check.call_checked); the
+            # emulated AMD build's states are CPU tensors
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 native.native_for_torch().delayed_scaling_update(
                     desc, code, float(recipe.margin), native.stream_handle(device.index))
         return

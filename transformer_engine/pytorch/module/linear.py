@@ -336,7 +336,7 @@ def _fp8_backward_fast(ctx, nc, dy, saved):
         operands = (kept, None, None, wq_t, w_sinv)
     main_grad = None
     if ctx.need_wgrad and ctx.fuse:  # accumulate into the fp32 main_grad
-        main_grad = _fp8_step.main_grad_of("Linear", ctx.weight, out_features, in_features)
+        main_grad = _fp8_step.main_grad_of("Linear", ctx.weight)
     return linear_step.fp8_backward(nc, plan, dy, operands, ctx.dtype, ctx.bias_dtype, main_grad,
                                     _fp8_step.final_update(ctx.fi, True))
 

@@ -13,10 +13,9 @@ from ..library.gemm import wgrad_out
 from . import wgrad as _wgrad
 
 
-def main_grad_of(who: str, weight, out_features: int, in_features: int):
+def main_grad_of(who: str, weight):
     """weight.main_grad, the buffer that the plan's wgrad GEMM adds into (checked by
-    library/gemm.wgrad_out: the weight's shape [out_features, in_features], contiguous, on its
-    device)."""
+    library/gemm.wgrad_out: the weight's shape, contiguous, on its device)."""
     return wgrad_out(weight, True, who)[0]
 
 
@@ -62,7 +61,7 @@ def fp8_backward(who, nc, fi, dy, operands, shape, dtype, bias_dtype, need_dgrad
     db_dtype = bias_dtype if need_wgrad else None
     plan = given_operands_plan(nc, fi.rs, dy.shape[0], in_features, out_features, dtype, wq_t,
                                need_dgrad, need_wgrad, db_dtype)
-    main_grad = main_grad_of(who, weight, out_features, in_features) if need_wgrad and fuse else None
+    main_grad = main_grad_of(who, weight) if need_wgrad and fuse else None
     dx, dw, fused_db = linear_step.fp8_backward(nc, plan, dy, (None, xq_t, x_sinv, wq_t, w_sinv),
                                                 dtype, bias_dtype, main_grad,
                                                 final_update(fi, last))
@@ -79,7 +78,7 @@ def fp8_backward_fp8_grad(who, nc, fi, grad, operands, shape, dtype, need_dgrad,
     dyq, dyq_t, dy_sinv = grad
     plan = given_operands_plan(nc, fi.rs, dyq.shape[0], in_features, out_features, dtype,
                                operands[2], need_dgrad, need_wgrad, None)
-    main_grad = main_grad_of(who, weight, out_features, in_features) if need_wgrad and fuse else None
+    main_grad = main_grad_of(who, weight) if need_wgrad and fuse else None
     dx, dw = linear_step.fp8_backward_fp8_grad(nc, plan, dyq, dyq_t, dy_sinv, operands, dtype,
                                                main_grad, final_update(fi, last))
     dw = _wgrad.autograd_weight_grad(weight, dw, fuse) if need_wgrad else None
