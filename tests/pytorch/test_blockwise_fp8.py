@@ -303,11 +303,14 @@ def test_linear_return_bias_and_shapes(device):
 
 
 def test_module_refusals():
+    # each input on its module's (default) device: the refusal under test is the shape's
     with te.fp8_autocast(enabled=True, fp8_recipe=recipe.Float8BlockScaling()):
+        linear = te.Linear(40, 64)
         with pytest.raises(ValueError, match="Linear: FP8 GEMMs need"):
-            te.Linear(40, 64)(torch.randn(16, 40))
+            linear(torch.randn(16, 40, device=linear.weight.device))
+        grouped = te.GroupedLinear(2, 40, 64)
         with pytest.raises(ValueError, match="GroupedLinear: FP8 GEMMs need"):
-            te.GroupedLinear(2, 40, 64)(torch.randn(32, 40), [16, 16])
+            grouped(torch.randn(32, 40, device=grouped.weight0.device), [16, 16])
 
 
 # ----- FP8 weights in 128x128 tiles (quantized_model_init under Float8BlockScaling) -----------

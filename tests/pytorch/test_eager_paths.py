@@ -11,7 +11,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import native
 from transformer_engine.pytorch import quantization as q
-from transformer_engine.pytorch.kernels import eager
+from transformer_engine.pytorch.kernels import activation, cast, eager, normalization
 
 H, F, T = 64, 96, 48
 PLAIN = (int, float, bool, tuple, list, type(None))
@@ -90,8 +90,37 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(native, "stream_handle", lambda index=None: 0)
     monkeypatch.setattr(q.RecipeState, "on_native", lambda self: True)
     monkeypatch.setattr(q, "require_fp8_support", lambda *a: None)
+    # the stand-in's workspace answers are kept apart: the native module's, kept per problem,
+    # serve the later tests of this process
+    for mod, name in ((cast, "_WS_SHAPES"), (activation, "_DBIAS_WS"),
+                      (activation, "_DBIAS_DACT_WS"), (normalization, "_NORM_BWD_WS")):
+        monkeypatch.setattr(mod, name, {})
     PLAN_CALLS.clear()
     yield call
+
+
+def test_a_workspace_size_is_kept_per_device():
+    """workspace_once asks the native module once per problem on each device: an answer kept
+    for one device's module is never handed to another's."""
+    asked = []
+
+    class OnDevice:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    def query(shape):
+        return lambda: asked.append(shape) or shape
+    key = ("test_a_workspace_size_is_kept_per_device", 48, 96)
+    try:
+        for device, shape in (("cpu", (1, 96)), ("meta", (16,)), ("cpu", (2, 2)), ("meta", (3,))):
+            ws = cast.workspace_once(OnDevice(device), key, query(shape))
+            assert ws.device.type == device
+            assert ws.dtype == torch.float32
+        assert asked == [(1, 96), (16,)]  # the later queries were not made
+        assert tuple(cast.workspace_once(OnDevice("cpu"), key, query((5,))).shape) == (1, 96)
+    finally:
+        for device in ("cpu", "meta"):
+            cast._WS_SHAPES.pop((torch.device(device), key), None)
 
 
 def _frozen(m):

@@ -75,7 +75,7 @@ def _linear_callables(device):
              "te.LayerNormMLP: inp is on {} but layer_norm_weight is on "),
             (lambda x: grouped(x, [16, 16]), "te.GroupedLinear: inp is on {} but weight0 is on "),
             (te.ops.Linear(32, 48, device=device),
-             r"transformer_engine.pytorch.ops.BasicLinear: input is on {}; expected \w+, where "
+             r"transformer_engine.pytorch.ops.BasicLinear: input is on {}; expected [\w:]+, where "
              "the operation's parameters are")]
 
 

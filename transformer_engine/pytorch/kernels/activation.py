@@ -410,7 +410,8 @@ def dbias_unchecked(nc, dy, dbias_dtype):
     return db
 
 
-_DBIAS_WS: dict = {}
+# (act, shape, dtypes, device) -> the native workspace shape of the fused dact+dbias, asked once
+_DBIAS_DACT_WS: dict = {}
 
 
 def dbias_dactivation_fp8_unchecked(nc, grad, x, act_code, dbias_dtype, fp8_dtype, scale, amax):
@@ -421,9 +422,9 @@ def dbias_dactivation_fp8_unchecked(nc, grad, x, act_code, dbias_dtype, fp8_dtyp
     args = (describe(grad), describe(x), describe(out, address(amax), scale.data_ptr(), scale_inv.data_ptr()),
             describe(dbias))
     key = (act_code, tuple(x.shape), x.dtype, fp8_dtype, dbias_dtype, x.device)
-    ws_shape = _DBIAS_WS.get(key)
+    ws_shape = _DBIAS_DACT_WS.get(key)
     if ws_shape is None:
-        ws_shape = _DBIAS_WS[key] = nc.mod.dbias_dactivation_workspace(act_code, *args)
+        ws_shape = _DBIAS_DACT_WS[key] = nc.mod.dbias_dactivation_workspace(act_code, *args)
     ws = torch.empty(ws_shape, dtype=torch.float32, device=x.device)
     nc.mod.dbias_dactivation(act_code, *args, describe(ws), nc.stream)
     return out, dbias, scale_inv

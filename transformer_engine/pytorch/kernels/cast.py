@@ -213,7 +213,10 @@ _WS_SHAPES: dict = {}
 
 
 def workspace_once(nc, key, query):
-    """A float32 workspace of the shape `query()` returns, asked once per problem and kept."""
+    """A float32 workspace of the shape `query()` returns, asked once per problem and device
+    (the answer is the native module's of that device: tile sizes differ between builds) and
+    kept."""
+    key = (nc.device, key)
     shape = _WS_SHAPES.get(key)
     if shape is None:
         shape = _WS_SHAPES[key] = tuple(query())
