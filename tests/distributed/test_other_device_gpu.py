@@ -2,7 +2,8 @@
 torch.cuda.set_device(1)) gives the bits of the same module on the current GPU, forward and
 every gradient, in high precision and FP8 (TransformerLayer within the tolerance table: its
 attention backward may sum in any order): its call runs with the input's GPU current
-(module_parts/input_check.call_checked). One process, two GPUs; the GPUS=2 mode of
+(module_parts/input_check.call_checked). DotProductAttention and MultiheadAttention called on
+their own likewise, on each attention backend. One process, two GPUs; the GPUS=2 mode of
 .ci/gpu_verify.sh runs it."""
 import copy
 
@@ -80,3 +81,44 @@ def _same(name, a, b, what):
         torch.testing.assert_close(a, b, **tols(a.dtype))
     else:
         assert torch.equal(a, b), (name, what)
+
+
+# the attention backends by their switches: the default order (cuDNN first), the portable
+# kernel, the unfused path
+_BACKENDS = {"default": {}, "portable": {"NVTE_FUSED_ATTN": "0", "NVTE_SDPA_ATTN": "0"},
+             "unfused": {"NVTE_FUSED_ATTN": "0", "NVTE_SDPA_ATTN": "0", "NVTE_FLASH_ATTN": "0"}}
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("name", ["DotProductAttention", "MultiheadAttention"])
+@pytest.mark.parametrize("backend", list(_BACKENDS))
+def test_attention_on_a_gpu_that_is_not_current(monkeypatch, name, backend):
+    for var, value in _BACKENDS[backend].items():
+        monkeypatch.setenv(var, value)
+    torch.cuda.set_device(0)
+    torch.manual_seed(7)
+    if name == "DotProductAttention":
+        here = te.DotProductAttention(4, 16, attn_mask_type="causal", attention_dropout=0.0)
+        shape, out_shape = (32, 2, 4, 16), (32, 2, 64)
+    else:
+        here = te.MultiheadAttention(64, 4, params_dtype=torch.bfloat16, device="cuda:0",
+                                     attention_dropout=0.0, attn_mask_type="causal")
+        shape = out_shape = (32, 2, 64)
+    there = copy.deepcopy(here).to("cuda:1")
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    dy = torch.randn(out_shape, generator=gen).to(torch.bfloat16)
+
+    def step(module, device):
+        inp = x.to(device).requires_grad_(True)
+        y = module(inp, inp, inp) if name == "DotProductAttention" else module(inp)
+        y.backward(dy.to(device))
+        grads = [p.grad for _, p in sorted(module.named_parameters())]
+        return [t.cpu() for t in [y, inp.grad] + grads]
+
+    want = step(here, "cuda:0")
+    got = step(there, "cuda:1")
+    assert torch.cuda.current_device() == 0
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **tols(a.dtype))
+    torch.cuda.synchronize(1)

@@ -18,6 +18,7 @@ def test_modules_name_themselves_for_non_float_input(device, dtype):
              (te.LayerNormMLP(32, 48, device=device), (5, 32), "inp"),
              (te.LayerNorm(32, device=device), (5, 32), "inp"),
              (te.RMSNorm(32, device=device), (5, 32), "inp"),
+             (te.MultiheadAttention(32, 2, device=device), (5, 2, 32), "hidden_states"),
              (te.TransformerLayer(32, 48, 2, device=device), (5, 2, 32), "hidden_states")]
     for module, shape, arg in cases:
         x = (randn(shape, torch.float32, device) * 4).to(dtype)
@@ -123,9 +124,11 @@ class _OnGPU1(torch.Tensor):
 
 
 @pytest.mark.parametrize("current", [0, 1])
-def test_a_call_runs_with_the_inputs_gpu_current(monkeypatch, current):
+@pytest.mark.parametrize("through", ["call_checked", "DotProductAttention", "MultiheadAttention"])
+def test_a_call_runs_with_the_inputs_gpu_current(monkeypatch, current, through):
     # an input on another GPU than the current one: the call runs inside torch.cuda.device of
-    # the input's; on the current GPU, as it is (the GPU itself: tests/distributed)
+    # the input's; on the current GPU, as it is (the GPU itself: tests/distributed). The
+    # attention modules' own calls go through the same guard
     from transformer_engine.pytorch.module_parts import input_check
     entered = []
 
@@ -143,8 +146,16 @@ def test_a_call_runs_with_the_inputs_gpu_current(monkeypatch, current):
     monkeypatch.setattr(torch.cuda, "device", Device)
     x = torch.ones(2, 4).as_subclass(_OnGPU1)
     seen = []
-    out = input_check.call_checked(torch.nn.Identity(), "inp",
-                                   lambda m, *a, **k: seen.append(list(entered)) or "y", (x,), {})
+
+    def nn_call(module, *args, **kwargs):
+        return seen.append(list(entered)) or "y"
+    if through == "call_checked":
+        out = input_check.call_checked(torch.nn.Identity(), "inp", nn_call, (x,), {})
+    else:
+        module = (te.DotProductAttention(2, 2) if through == "DotProductAttention"
+                  else te.MultiheadAttention(4, 2))
+        monkeypatch.setattr(torch.nn.Module, "__call__", nn_call)
+        out = module(x, x, x) if through == "DotProductAttention" else module(x)
     assert out == "y"
     if current == 1:
         assert entered == [] and seen == [[]]

@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.utils.checkpoint
 
+from ..module_parts.input_check import call_checked
 from ..module_parts.nv_options import check_off
 from ...common import config as env
 from ..kernels import attention as attn_ops
@@ -354,6 +355,23 @@ class DotProductAttention(torch.nn.Module):
                                       unexpected_keys, error_msgs)
         if prefix + "_extra_state" in missing_keys:
             missing_keys.remove(prefix + "_extra_state")  # saved without it
+
+    def __call__(self, *args, **kwargs):
+        """Runs the attention (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) with the
+        GPU of its first input current.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first is the query tensor.
+        **kwargs : dict
+            Passed to :meth:`forward`; ``query_layer`` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
+        return call_checked(self, "query_layer", torch.nn.Module.__call__, args, kwargs, float_input=False)
 
     def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor, value_layer: torch.Tensor,
                 attention_mask=None, qkv_format: Optional[str] = None,

@@ -16,6 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ..module_parts.input_check import call_checked
 from ..module_parts.nv_options import check_off
 from ..module import LayerNormLinear, Linear
 from ..kernels.attention_packed import can_pack, split_packed_qkv
@@ -323,6 +324,24 @@ class MultiheadAttention(torch.nn.Module):
             raise ValueError.
         """
         set_context_parallel_group_of(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type)
+
+    def __call__(self, *args, **kwargs):
+        """Runs the attention block (``torch.nn.Module.__call__``: hooks, then :meth:`forward`) with the
+        GPU of its first input current.
+
+        Parameters
+        ----------
+        *args : tuple
+            Passed to :meth:`forward`; the first must be a float32, float16 or bfloat16 tensor
+            (else ValueError naming the module).
+        **kwargs : dict
+            Passed to :meth:`forward`; ``hidden_states`` may be given here by keyword instead.
+
+        Returns
+        -------
+        What :meth:`forward` returns.
+        """
+        return call_checked(self, "hidden_states", torch.nn.Module.__call__, args, kwargs)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 encoder_output: Optional[torch.Tensor] = None, attn_mask_type: Optional[str] = None,

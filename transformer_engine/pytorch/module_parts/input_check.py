@@ -20,8 +20,11 @@ def check_float_input(module: torch.nn.Module, arg: str, x) -> None:
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
-def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs):
-    """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword).
+def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs,
+                 float_input: bool = True):
+    """nn.Module.__call__ after checking the first positional argument (or `arg` by keyword):
+    a floating-point tensor (unless float_input is False: a module that checks its inputs' dtypes
+    itself, naming each).
 
     An input on another GPU than the current one runs with that GPU made current for the call,
     as torch's own ops do: the native calls launch on the current device, with the stream and
@@ -29,7 +32,8 @@ def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs):
     (The backward needs nothing: autograd runs it on the device's own thread, that device
     current.)"""
     x = args[0] if args else kwargs.get(arg)
-    check_float_input(module, arg, x)
+    if float_input:
+        check_float_input(module, arg, x)
     if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
             and _current_device is not None and x.get_device() != _current_device()):
         with torch.cuda.device(x.get_device()):
