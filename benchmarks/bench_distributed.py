@@ -22,6 +22,13 @@ block of attention_cases/transformer_layer.py). Contenders, one run:
   *_ce          NVTE_TP_OVERLAP=1: the row blocks with the copy engines moving the rows (torch's
                 symmetric memory), eager calls included; unsuffixed rows: the default
                 (graphs: the copy engines in graph captures, whole GEMMs in eager calls)
+  torch_*       the peer: the plain-PyTorch block of attention_cases/transformer_layer.py (QKV
+                columns grouped by head), BF16, eager and torch.compile'd; torch_single_* on
+                one GPU, torch_tp_sp_* split over WORLD GPUs by torch's own tensor parallelism
+                (torch.distributed.tensor.parallel: norms sequence-parallel, QKV and FC1
+                column-parallel, proj and FC2 row-parallel with their outputs
+                reduce-scattered over the sequence: te's layout). Its output is checked
+                against the unsplit block on the same weights first ("torch_tp_sp_rel_err")
   cp_attention  DotProductAttention (bf16, causal, b=1, h=32, d=128) at sequence 32768: one GPU
                 against the ring over WORLD GPUs (context parallelism), forward + backward
   collectives   one all-gather and one reduce-scatter of the split activation alone, and the
@@ -67,6 +74,7 @@ TARGETS = {"fp8_vs_bf16_tp_sp": 1.5, "bf16_scaling_vs_single": 1.8}
 SCHEDULES = {"_serial": "0", "_nccl": "nccl", "_ce": "1", "": "graphs"}
 SPLIT_ROWS = tuple(f"tp_sp_{n}{g}{sch}" for g in ("", "_graphed") for sch in SCHEDULES
                    for n in ("bf16", "fp8")) + ("tp_sp_fp8_cs",)
+TORCH_SPLIT_ROWS = ("torch_tp_sp_bf16", "torch_tp_sp_bf16_compiled")
 
 
 def _layer(**kw):
@@ -241,6 +249,53 @@ def _attention_step(cp_group=None, rank=0, world=1):
     return step
 
 
+def _plain_block():
+    """The peer's block (plain PyTorch, BF16, on the current GPU), the same weights on every rank."""
+    from attention_cases.transformer_layer import PlainBlock
+    torch.manual_seed(0)
+    return PlainBlock(qkv_per_head=True)
+
+
+def _torch_split_block(group):
+    """_plain_block split over `group` by torch's tensor parallelism (DTensor): the input is this
+    rank's rows of the sequence (dim 0), as te's sequence-parallel layer takes it."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = DeviceMesh.from_group(group, "cuda")
+    plan = {"ln1": SequenceParallel(sequence_dim=0), "qkv": ColwiseParallel(input_layouts=Shard(0)),
+            "proj": RowwiseParallel(output_layouts=Shard(0)),
+            "ln2": SequenceParallel(sequence_dim=0), "fc1": ColwiseParallel(input_layouts=Shard(0)),
+            "fc2": RowwiseParallel(output_layouts=Shard(0))}
+    return parallelize_module(_plain_block(), mesh, plan)
+
+
+def _torch_split_error(split, rank) -> float:
+    """Relative error (Frobenius) of the split peer's output against the unsplit block's rows of
+    this rank, same weights and input: a split that computed another block would time
+    something else."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    full = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
+    with torch.no_grad():
+        want = _plain_block()(full).chunk(WORLD)[rank].float()
+        got = split(full.chunk(WORLD)[rank].contiguous()).float()
+    return ((got - want).norm() / want.norm()).item()
+
+
+def _torch_peer_ms(make_module, x, dy, rounds, barrier=None):
+    """ms per step of the plain block, or the error that stopped it (recorded, so that the other
+    rows still land; every rank meets the same error, so none waits in a collective)."""
+    try:
+        return _time_steps(_step(make_module(), x, dy, None), rounds, barrier)
+    except Exception as exc:  # noqa: BLE001  (a peer that cannot run is a result too)
+        print(f"torch peer: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -345,6 +400,20 @@ def _rank(rank, port, out_path, rounds, profile, profile_only=False, partial=Non
                       file=sys.stderr, flush=True)
             _note(rank, partial, json_path, key, res[key])
     os.environ["NVTE_TP_OVERLAP"] = "graphs"
+    if any(common.selected(k, pattern) for k in TORCH_SPLIT_ROWS):
+        try:
+            res["torch_tp_sp_rel_err"] = _torch_split_error(_torch_split_block(group), rank)
+        except Exception as exc:  # noqa: BLE001  (recorded; the timed rows then say why too)
+            res["torch_tp_sp_rel_err"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        barrier = lambda: dist.barrier(group=group)  # noqa: E731
+        for key, make in (("torch_tp_sp_bf16", lambda: _torch_split_block(group)),
+                          ("torch_tp_sp_bf16_compiled",
+                           lambda: torch.compile(_torch_split_block(group)))):
+            if common.selected(key, pattern):
+                res[key] = _torch_peer_ms(make, x, dy, rounds, barrier)
+                _note(rank, partial, json_path, key, res[key])
+                if rank == 0:
+                    print(f"{key}: {res[key]} ms (rank 0)", file=sys.stderr, flush=True)
     del x, dy
     torch.cuda.empty_cache()
     if common.selected("cp_attention", pattern):
@@ -405,6 +474,11 @@ def main():
         for name, got in times.items():
             single[f"single_{name}_graphed"] = _median_or_error(got)
             graphed_instances[f"single_{name}_graphed"] = got
+    for key, make in (("torch_single_bf16", _plain_block),
+                      ("torch_single_bf16_compiled", lambda: torch.compile(_plain_block()))):
+        if common.selected(key, args.filter) or common.selected(key.replace("single", "tp_sp"),
+                                                                 args.filter):
+            single[key] = _torch_peer_ms(make, x, dy, rounds)
     del x, dy
     torch.cuda.empty_cache()
     if common.selected("cp_attention", args.filter):
@@ -430,13 +504,14 @@ def main():
                 ranks.append(json.load(f))
     rows = dict(single)
     graphed_instances.update(ranks[0].get("graphed_instances", {}))  # the same on every rank
-    for key in SPLIT_ROWS + ("cp_attention",):
+    for key in SPLIT_ROWS + TORCH_SPLIT_ROWS + ("cp_attention", "torch_tp_sp_rel_err"):
         if key not in ranks[0]:
             continue
         got = [r[key] for r in ranks]
         # the step ends when the slowest rank does; a rank's capture error is the result
         errors = [g for g in got if not isinstance(g, float)]
         rows[key] = errors[0] if errors else max(got)
+    peer_err = rows.pop("torch_tp_sp_rel_err", None)
 
     def ratio(num, den):
         a, b = rows.get(num), rows.get(den)
@@ -449,6 +524,15 @@ def main():
               "graphed_bf16_scaling_vs_single": ratio("single_bf16_graphed", "tp_sp_bf16_graphed"),
               "graphed_fp8_scaling_vs_single": ratio("single_fp8_graphed", "tp_sp_fp8_graphed"),
               "cp_attention_32k_vs_single": ratio("single_attention_32k", "cp_attention"),
+              # the peer: torch's own tensor parallelism against one GPU, and te against it
+              "torch_bf16_scaling_vs_single": ratio("torch_single_bf16", "torch_tp_sp_bf16"),
+              "torch_compiled_bf16_scaling_vs_single": ratio("torch_single_bf16_compiled",
+                                                             "torch_tp_sp_bf16_compiled"),
+              "tp_sp_bf16_vs_torch": ratio("torch_tp_sp_bf16", "tp_sp_bf16"),
+              "tp_sp_bf16_vs_torch_compiled": ratio("torch_tp_sp_bf16_compiled", "tp_sp_bf16"),
+              "tp_sp_fp8_vs_torch_compiled": ratio("torch_tp_sp_bf16_compiled", "tp_sp_fp8"),
+              "graphed_tp_sp_fp8_vs_torch_compiled": ratio("torch_tp_sp_bf16_compiled",
+                                                           "tp_sp_fp8_graphed"),
               **{f"overlap_gain_{n}{g}{sch or '_default'}": ratio(f"tp_sp_{n}{g}_serial", f"tp_sp_{n}{g}{sch}")
                  for n in ("bf16", "fp8") for g in ("", "_graphed") for sch in ("_nccl", "_ce", "")}}
     print("ms per step:", {k: round(v, 3) if isinstance(v, float) else v for k, v in rows.items()})
@@ -457,12 +541,19 @@ def main():
     comm = ranks[0]["collectives"]
     comm["per_bf16_step_unoverlapped_ms"] = round(4 * (comm["all_gather_ms"] + comm["reduce_scatter_ms"]), 3)
     print("collectives (rank 0):", comm)
+    if peer_err is not None:
+        print(f"torch peer split vs unsplit: relative error {peer_err}")
     profiles = {k: v for k, v in ranks[0].items() if k.startswith("profile_")}
     for k, v in profiles.items():
         print(k, json.dumps(v, indent=1))
     common.write_json(args.json, {**record, "shape": shape, "complete": True,
                                   "world": WORLD, "ms": rows, "graphed_instances": graphed_instances,
                                   "collectives": comm,
+                                  # the split peer against the unsplit block (bf16 sums:
+                                  # a few 1e-3)
+                                  "torch_tp_sp_rel_err": peer_err,
+                                  "torch_tp_sp_matches_unsplit": (
+                                      peer_err < 2e-2 if isinstance(peer_err, float) else None),
                                   "ratios": ratios, "targets": TARGETS,
                                   "meets_targets": {k: ratios[k] is not None and ratios[k] >= v
                                                     for k, v in TARGETS.items()},

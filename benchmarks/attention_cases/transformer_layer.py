@@ -39,10 +39,17 @@ BARS = {"te_bf16_vs_compile": 1.0, "te_fp8_vs_eager": 1.45}
 
 
 class PlainBlock(torch.nn.Module):
-    """The pre-LN GPT block in plain PyTorch, [s, b, h] in and out."""
+    """The pre-LN GPT block in plain PyTorch, [s, b, h] in and out.
 
-    def __init__(self):
+    qkv_per_head: the fused QKV projection's output columns grouped by head (q, k, v of head 0,
+    then of head 1, ...) instead of by kind (every head's q, then k, then v), so that a column
+    split over ranks hands each rank whole heads (tensor parallelism: bench_distributed.py).
+    The heads are then counted from the projection's output, and the sequence from it too (a
+    sequence-parallel input holds a rank's rows, the projection's output every row)."""
+
+    def __init__(self, qkv_per_head: bool = False):
         super().__init__()
+        self.qkv_per_head = qkv_per_head
         kw = dict(dtype=DTYPE, device=DEVICE)
         self.ln1 = torch.nn.LayerNorm(HIDDEN, **kw)
         self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN, **kw)
@@ -52,10 +59,15 @@ class PlainBlock(torch.nn.Module):
         self.fc2 = torch.nn.Linear(FFN, HIDDEN, **kw)
 
     def forward(self, x):
-        s, b, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(s, b, 3, HEADS, HIDDEN // HEADS).permute(2, 1, 3, 0, 4)
+        qkv = self.qkv(self.ln1(x))
+        s, b, width = qkv.shape
+        d = HIDDEN // HEADS
+        if self.qkv_per_head:
+            q, k, v = qkv.view(s, b, width // (3 * d), 3, d).permute(3, 1, 2, 0, 4)
+        else:
+            q, k, v = qkv.view(s, b, 3, HEADS, d).permute(2, 1, 3, 0, 4)
         ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)       # [b, h, s, d]
-        x = x + self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, HIDDEN))
+        x = x + self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, -1))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 
