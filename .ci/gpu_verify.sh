@@ -11,7 +11,8 @@
 #   XDIST=N ...      N pytest-xdist workers spread over the visible GPUs (tests/gpu_spread.py),
 #                    each result named as it lands (-v); needs pytest-xdist; not for tests/distributed
 #   GPUS=2 ...       the multi-GPU mode: tensor/sequence/context parallelism over NCCL, one
-#                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py;
+#                    process per GPU (tests/distributed), then benchmarks/bench_distributed.py and
+#                    bench_jax_mesh.py;
 #                    NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 #                    NVSHMEM_DISABLE_NVLS=1)
 #
@@ -39,7 +40,7 @@ if [ "${GPUS:-1}" -ge 2 ]; then
   visible=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ "$visible" -ge "$GPUS" ] || { echo "GPUS=$GPUS but $visible GPUs visible"; exit 1; }
   PYTEST_ARGS=${PYTEST_ARGS:-tests/distributed}
-  BENCHES=${BENCHES:-benchmarks/bench_distributed.py}
+  BENCHES=${BENCHES:-benchmarks/bench_distributed.py benchmarks/bench_jax_mesh.py}
   SKIP_CPP=${SKIP_CPP:-1} SKIP_SANITIZE=${SKIP_SANITIZE:-1}
 fi
 # steps may run inside pipelines (subshells), so they record into a file, not a variable

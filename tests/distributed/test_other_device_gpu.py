@@ -3,8 +3,9 @@ torch.cuda.set_device(1)) gives the bits of the same module on the current GPU, 
 every gradient, in high precision and FP8 (TransformerLayer within the tolerance table: its
 attention backward may sum in any order): its call runs with the input's GPU current
 (module_parts/input_check.call_checked). DotProductAttention and MultiheadAttention called on
-their own likewise, on each attention backend. One process, two GPUs; the GPUS=2 mode of
-.ci/gpu_verify.sh runs it."""
+their own likewise, on each attention backend; and a backward with autograd multithreading
+off, run on the calling thread. One process, two GPUs; the GPUS=2 mode of .ci/gpu_verify.sh
+runs it."""
 import copy
 
 import pytest
@@ -73,6 +74,28 @@ def test_module_on_a_gpu_that_is_not_current(name, recipe):
             assert (s0 is None) == (s1 is None)
             if s0 is not None and s0.delayed:
                 assert torch.equal(s0.scale_fwd.cpu(), s1.scale_fwd.cpu()), type(m0).__name__
+    torch.cuda.synchronize(1)
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("name", ["Linear", "LayerNormMLP"])
+def test_backward_without_autograd_threads_on_a_gpu_that_is_not_current(name):
+    # with multithreading off the backward runs on this thread, whose current GPU is cuda:0:
+    # autograd makes each node's forward stream (and so its GPU) current around the node
+    torch.cuda.set_device(0)
+    torch.manual_seed(9)
+    here = _make(name)
+    there = copy.deepcopy(here).to("cuda:1")
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(64, 64, generator=gen).to(torch.bfloat16)
+    dy = torch.randn(64, 96 if name == "Linear" else 64, generator=gen).to(torch.bfloat16)
+    recipe = te_recipe.DelayedScaling()
+    with torch.autograd.set_multithreading_enabled(False):
+        want = _step(here, x.to("cuda:0"), dy.to("cuda:0"), recipe)
+        got = _step(there, x.to("cuda:1"), dy.to("cuda:1"), recipe)
+    assert torch.cuda.current_device() == 0
+    for i, (a, b) in enumerate(zip(got, want)):
+        _same(name, a, b, i)
     torch.cuda.synchronize(1)
 
 

@@ -29,8 +29,9 @@ def call_checked(module: torch.nn.Module, arg: str, nn_call, args, kwargs,
     An input on another GPU than the current one runs with that GPU made current for the call,
     as torch's own ops do: the native calls launch on the current device, with the stream and
     addresses of the input's, which on a device that cannot reach the other's memory faults.
-    (The backward needs nothing: autograd runs it on the device's own thread, that device
-    current.)"""
+    (The backward needs nothing: autograd runs each node with the stream its forward ran on
+    made current, and with it that stream's GPU, on the device's own thread or, with autograd
+    multithreading off, on the caller's.)"""
     x = args[0] if args else kwargs.get(arg)
     if float_input:
         check_float_input(module, arg, x)
