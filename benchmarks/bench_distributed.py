@@ -317,12 +317,13 @@ def _collective_ms(group, rounds) -> dict:
     of each (two per direction, attention's and the MLP's), so 4 * (both) is its communication
     when none of it overlaps compute."""
     import torch.distributed as dist
+    from transformer_engine.pytorch.collectives import all_gather_single, reduce_scatter_single
     rows = SEQ * BATCH // WORLD
     part = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
     whole = torch.empty(rows * WORLD, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    ms = {"all_gather_ms": _time_steps(lambda: dist.all_gather_into_tensor(whole, part, group=group),
+    ms = {"all_gather_ms": _time_steps(lambda: all_gather_single(whole, part, group=group),
                                        rounds, lambda: dist.barrier(group=group)),
-          "reduce_scatter_ms": _time_steps(lambda: dist.reduce_scatter_tensor(part, whole, group=group),
+          "reduce_scatter_ms": _time_steps(lambda: reduce_scatter_single(part, whole, group=group),
                                            rounds, lambda: dist.barrier(group=group))}
     ms["bus_GBps"] = round(part.numel() * part.element_size() * (WORLD - 1) / ms["all_gather_ms"] / 1e6, 1)
     return ms

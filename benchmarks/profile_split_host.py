@@ -49,6 +49,10 @@ def _redirect_collectives(group, real):
     group_ = group  # the wrappers' own `group` argument is the one a call names
     orig = {n: getattr(dist, n) for n in ("all_gather_into_tensor", "reduce_scatter_tensor",
                                           "all_reduce", "get_backend")}
+    # torch 2.13's names of the first two, which the library calls where torch has them
+    orig["all_gather_single"] = getattr(dist, "all_gather_single", orig["all_gather_into_tensor"])
+    orig["reduce_scatter_single"] = getattr(dist, "reduce_scatter_single",
+                                            orig["reduce_scatter_tensor"])
 
     def finish(work, async_op):
         if async_op:
@@ -58,12 +62,12 @@ def _redirect_collectives(group, real):
 
     def all_gather_into_tensor(out, inp, group=None, async_op=False):
         if group is not group_:
-            return orig["all_gather_into_tensor"](out, inp, group=group, async_op=async_op)
+            return orig["all_gather_single"](out, inp, group=group, async_op=async_op)
         return finish(real._allgather_base(out.narrow(0, 0, inp.shape[0]), inp), async_op)
 
     def reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=None, async_op=False):
         if group is not group_:
-            return orig["reduce_scatter_tensor"](out, inp, op=op, group=group, async_op=async_op)
+            return orig["reduce_scatter_single"](out, inp, op=op, group=group, async_op=async_op)
         return finish(real._reduce_scatter_base(out, inp.narrow(0, 0, out.shape[0])), async_op)
 
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
@@ -73,8 +77,8 @@ def _redirect_collectives(group, real):
         opts.reduceOp = op
         return finish(real.allreduce([tensor], opts), async_op)
 
-    dist.all_gather_into_tensor = all_gather_into_tensor
-    dist.reduce_scatter_tensor = reduce_scatter_tensor
+    dist.all_gather_into_tensor = dist.all_gather_single = all_gather_into_tensor
+    dist.reduce_scatter_tensor = dist.reduce_scatter_single = reduce_scatter_tensor
     dist.all_reduce = all_reduce
     dist.get_backend = lambda g=None: "nccl" if g is group_ else orig["get_backend"](g)
 

@@ -31,6 +31,23 @@ def _uses_nccl(group) -> bool:
     return dist.get_backend(group) == "nccl"
 
 
+def all_gather_single(out: torch.Tensor, inp: torch.Tensor, group=None, async_op: bool = False):
+    """torch.distributed's single-tensor all-gather (every rank's `inp` into `out`, rank order):
+    all_gather_single where torch has it (torch 2.13 renamed all_gather_into_tensor, and the old
+    name now warns on every program's first call), else all_gather_into_tensor. Looked up per
+    call, so that a torch.distributed patched by a profiler or a test is the one called."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, inp, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(out: torch.Tensor, inp: torch.Tensor, group=None,
+                          async_op: bool = False):
+    """torch.distributed's single-tensor reduce-scatter (sum): reduce_scatter_single where torch
+    has it (the newer name of reduce_scatter_tensor), else reduce_scatter_tensor."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(out, inp, group=group, async_op=async_op)
+
+
 # ---------------------------------------------------------------------------------------------
 # Raw collectives (no autograd): the building blocks of the Functions below
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +69,7 @@ def all_gather_first_dim(tensor: torch.Tensor, group=None) -> torch.Tensor:
     out = torch.empty((world * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                       device=tensor.device)
     if _uses_nccl(group):
-        dist.all_gather_into_tensor(out, tensor, group=group)
+        all_gather_single(out, tensor, group=group)
     else:  # gloo and others lack the single-tensor form: gather into views of `out`
         dist.all_gather(list(out.chunk(world, dim=0)), tensor, group=group)
     return out
@@ -81,7 +98,7 @@ def start_reduce_scatter_first_dim(tensor: torch.Tensor, group=None, async_op: b
     if _uses_nccl(group):
         out = torch.empty((tensor.shape[0] // world,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
-        handle = dist.reduce_scatter_tensor(out, tensor, group=group, async_op=async_op)
+        handle = reduce_scatter_single(out, tensor, group=group, async_op=async_op)
         return out, handle
     # gloo has no reduce-scatter: all-reduce a copy and keep our slice (twice the traffic, same sums)
     summed = tensor.clone()
@@ -110,7 +127,7 @@ def all_gather_bytes_first_dim(data: torch.Tensor, group, world: int, async_op: 
                       device=data.device)
     src = data.contiguous().view(torch.uint8)
     if _uses_nccl(group):
-        handle = dist.all_gather_into_tensor(out, src, group=group, async_op=async_op)
+        handle = all_gather_single(out, src, group=group, async_op=async_op)
     else:
         handle = dist.all_gather(list(out.chunk(world, dim=0)), src, group=group, async_op=async_op)
     return out, handle

@@ -20,6 +20,8 @@ from .checkpoint import checkpoint  # noqa: F401  (te.distributed.checkpoint: NV
 from .collectives import (  # noqa: F401  (re-exported: the public names live here too)
     _tp_size, _uses_nccl, all_gather_first_dim, all_gather_fp8_first_dim, all_reduce, get_distributed_rank,
     get_distributed_world_size, reduce_scatter_first_dim)
+from .collectives import all_gather_single as _all_gather_single
+from .collectives import reduce_scatter_single as _reduce_scatter_single
 
 DEFAULT_RNG_STATE_NAME = "model-parallel-rng"
 
@@ -318,7 +320,7 @@ def gather_along_first_dim(inp: torch.Tensor, process_group=None, async_op: bool
     inp = inp.contiguous()
     out = torch.empty((world * inp.shape[0],) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
     if _uses_nccl(process_group):
-        handle = dist.all_gather_into_tensor(out, inp, group=process_group, async_op=async_op)
+        handle = _all_gather_single(out, inp, group=process_group, async_op=async_op)
     else:
         handle = dist.all_gather(list(out.chunk(world, dim=0)), inp, group=process_group,
                                  async_op=async_op)
@@ -347,7 +349,7 @@ def reduce_scatter_along_first_dim(inp: torch.Tensor, process_group=None, async_
     if _uses_nccl(process_group):
         out = torch.empty((inp.shape[0] // world,) + tuple(inp.shape[1:]), dtype=inp.dtype,
                           device=inp.device)
-        handle = dist.reduce_scatter_tensor(out, inp, group=process_group, async_op=async_op)
+        handle = _reduce_scatter_single(out, inp, group=process_group, async_op=async_op)
         return out, handle
     group = process_group if process_group is not None else dist.group.WORLD
     return reduce_scatter_first_dim(inp, group), None

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..collectives import get_distributed_rank, reduce_scatter_first_dim
+from ..collectives import all_gather_single, get_distributed_rank, reduce_scatter_first_dim
 from ...common import config
 from . import copy_engine_tp
 
@@ -89,8 +89,8 @@ def start_gather_rows(local: torch.Tensor, tp) -> PendingRows:
             return pending
     if dist.get_backend(tp.group) == "nccl":
         # a traced call waits here (no async handle inside a graph)
-        handle = dist.all_gather_into_tensor(out, local, group=tp.group,
-                                             async_op=not torch.compiler.is_compiling())
+        handle = all_gather_single(out, local, group=tp.group,
+                                   async_op=not torch.compiler.is_compiling())
     else:  # gloo has no single-tensor gather: views of `out`, done on return
         dist.all_gather(list(out.chunk(tp.size, dim=0)), local, group=tp.group)
         handle = None
@@ -105,8 +105,8 @@ def finish_copy_engine_gather(pending) -> None:
                                           pending.data.view(torch.uint8), pending.copy_engine,
                                           None, pending.begun)
     else:
-        dist.all_gather_into_tensor(pending.data.view(torch.uint8),
-                                    pending.local.view(torch.uint8), group=pending.group)
+        all_gather_single(pending.data.view(torch.uint8), pending.local.view(torch.uint8),
+                          group=pending.group)
     pending.copy_engine = pending.begun = None
 
 
