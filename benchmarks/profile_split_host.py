@@ -14,7 +14,8 @@ figures are close is host-bound. Then a cProfile of the split step of --profile 
 this thread, where the profiler sees the backward); --sync-check lists the CUDA runtime calls of
 one split step and warns at any synchronising op (torch.cuda.set_sync_debug_mode).
 
-Shape as bench_distributed.py: hidden 4096, 32 heads, ffn 16384, sequence 2048, batch 2.
+The layer, step and shape are bench_distributed.py's: hidden 4096, 32 heads, ffn 16384,
+sequence 2048, batch 2.
 NVTE_TP_OVERLAP is 0 unless set (eager calls run whole GEMMs under the default too; its copy
 engines need a real peer).
 
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-HIDDEN, HEADS, FFN, SEQ, BATCH = 4096, 32, 16384, 2048, 2
+import bench_distributed as bd  # benchmarks/ is on sys.path when this script runs: its layer and step
 RECIPES = ("bf16", "fp8", "fp8_cs")
 _SYNC_KEYS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cudaMemcpy", "cudaMemset", "cudaStreamWaitEvent", "cudaLaunch", "cuLaunch",
@@ -83,37 +84,16 @@ def _redirect_collectives(group, real):
     dist.get_backend = lambda g=None: "nccl" if g is group_ else orig["get_backend"](g)
 
 
-def _layer(group=None):
-    import transformer_engine.pytorch as te
-    torch.manual_seed(0)
-    kw = dict(set_parallel_mode=True, sequence_parallel=True, tp_group=group, tp_size=2) if group else {}
-    return te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0,
-                               self_attn_mask_type="causal", fuse_qkv_params=True,
-                               params_dtype=torch.bfloat16, device="cuda", **kw)
+def _split_step(layer, x, dy, name, group, one_thread=False):
+    """bench_distributed's step; one_thread: its backward on this thread, where cProfile sees it."""
+    step = bd._step(layer, x, dy, bd._recipe(name), group)
+    if not one_thread:
+        return step
 
-
-def _step(layer, x, dy, name, group, one_thread=False):
-    import transformer_engine.pytorch as te
-    from transformer_engine.common import recipe
-    make = {"bf16": None, "fp8": recipe.DelayedScaling, "fp8_cs": recipe.Float8CurrentScaling}[name]
-    params = list(layer.parameters())
-
-    def run():
-        for p in params:
-            p.grad = None
-        if make is None:
-            out = layer(x)
-        else:
-            with te.fp8_autocast(enabled=True, fp8_recipe=make(), fp8_group=group):
-                out = layer(x)
-        out.backward(dy)
-
-    def step():
-        if one_thread:
-            with torch.autograd.set_multithreading_enabled(False):
-                return run()
-        return run()
-    return step
+    def on_this_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            step()
+    return on_this_thread
 
 
 def _measure(step, steps):
@@ -180,18 +160,20 @@ def main():
     _redirect_collectives(group, dist.ProcessGroupNCCL(dist.HashStore(), 0, 1))
     for split in (False, True):
         gen = torch.Generator(device="cuda").manual_seed(1)
-        shape = (SEQ // 2 if split else SEQ, BATCH, HIDDEN)
+        shape = (bd.SEQ // 2 if split else bd.SEQ, bd.BATCH, bd.HIDDEN)
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
         dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-        layer = _layer(group if split else None)
+        torch.manual_seed(0)
+        layer = bd._layer(**(dict(set_parallel_mode=True, sequence_parallel=True, tp_group=group,
+                                  tp_size=2) if split else {}))
         for name in names:
-            host, full = _measure(_step(layer, x, dy, name, group), args.steps)
+            host, full = _measure(_split_step(layer, x, dy, name, group), args.steps)
             tag = ("tp2_sp_" if split else "single_") + name
             print(f"{tag}: host {host:.3f} ms per step, queue kept full {full:.3f} ms", flush=True)
             if split and args.sync_check:
-                _sync_check(_step(layer, x, dy, name, group), tag)
+                _sync_check(_split_step(layer, x, dy, name, group), tag)
             if split and name == args.profile:
-                step = _step(layer, x, dy, name, group, one_thread=True)
+                step = _split_step(layer, x, dy, name, group, one_thread=True)
                 step()
                 torch.cuda.synchronize()
                 prof = cProfile.Profile()
